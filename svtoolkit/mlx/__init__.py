@@ -1,0 +1,12 @@
+"""MLX side of svtoolkit (optional: ``pip install 'svtoolkit[mlx]'``).
+
+MLX has no float64 on GPU; the batched path runs in float32 there and in float32/float64 on CPU.
+"""
+
+from .._optional import require
+
+require("mlx.core", feature="svtoolkit.mlx")
+
+# --- batched training path -----------------------------------------------------------------
+
+# --- SV-Attention sequence layers ----------------------------------------------------------

@@ -1,0 +1,21 @@
+"""PyTorch side of svtoolkit (optional: ``pip install 'svtoolkit[torch]'``).
+
+Sections, one per capability; each imports from its own module:
+
+* exact differentiable gate (inverse-reusing backward)
+* batched training path (FISTA partition finder, ridged bordered solve)
+* memory layers svtoolkit is compared with (softmax, sliding window, linear attention, ...)
+* SV-Attention sequence layers
+"""
+
+from .._optional import require
+
+require("torch", feature="svtoolkit.torch")
+
+# --- exact differentiable gate -------------------------------------------------------------
+
+# --- batched training path -----------------------------------------------------------------
+
+# --- memory layers (baselines) -------------------------------------------------------------
+
+# --- SV-Attention sequence layers ----------------------------------------------------------
