@@ -13,9 +13,12 @@ Public API (re-exports only):
 """
 
 from ._jit import warmup
-from .exact import IncrementalSVDD
+from .exact import IncrementalSVDD, MarginSystem, SolverFailure
 from .kernels import rbf_kernel
+
+# --- forgettable memory --------------------------------------------------------------------
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["IncrementalSVDD", "rbf_kernel", "warmup", "__version__"]
+__all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "rbf_kernel", "warmup",
+           "__version__"]

@@ -1,6 +1,807 @@
-"""IncrementalSVDD (work in progress in this session)."""
+"""IncrementalSVDD: the exact maintained fp64 solver of the SVDD dual.
+
+The Python class holds NumPy state and validates input; the event loop runs in the Numba
+kernels of :mod:`svtoolkit.exact._walk` (one crossing per add/remove).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._validation import as_key, as_keys, check_positive, check_sigma
+from . import _walk as W
+
+__all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure"]
+
+#: Audit thresholds: maintained gradients vs a fresh evaluation, and ||R M - I||_max.
+AUDIT_GRAD_TOL = 1e-10
+AUDIT_INVERSE_TOL = 1e-8
 
 
-class IncrementalSVDD:  # placeholder until the solver lands in this session
-    def __init__(self, C, sigma):
-        raise NotImplementedError("IncrementalSVDD is being written")
+class SolverFailure(RuntimeError):
+    """The exact walk could not finish (event limit or no admissible event).
+
+    Raised after the solver has been rebuilt from the keys it held before the operation, so
+    the state is that of a fresh solve of those keys.
+    """
+
+
+@dataclass(frozen=True)
+class MarginSystem:
+    """Read-only view of the maintained bordered KKT system (see
+    :meth:`IncrementalSVDD.margin_system`)."""
+
+    margin_ids: np.ndarray
+    error_ids: np.ndarray
+    inverse: np.ndarray
+    rho: float
+    alpha_margin: np.ndarray
+    C: float
+
+
+class IncrementalSVDD:
+    r"""Exact incremental/decremental SVDD (one-class SVM) with a fixed box constraint C.
+
+    Maintains the exact optimum of
+
+    .. math:: \min_a\; a^T K a - \operatorname{diag}(K)^T a
+              \quad\text{s.t.}\quad \textstyle\sum_i a_i = 1,\; 0 \le a_i \le C,
+
+    with :math:`K_{ij} = \exp(-\|x_i - x_j\|^2/\sigma^2)`, under single-key admissions and
+    deletions, by the Cauwenberghs-Poggio adiabatic walk with rank-one growth/shrink of the
+    bordered KKT inverse (paper 000 §3.2; DESIGN.md §1).
+
+    Parameters
+    ----------
+    C : float
+        Box constraint, fixed for the life of the solver (``> 0``). The keys can satisfy
+        ``sum(a) = 1`` only once ``n * C >= 1``; before that the solver is in warm-up
+        (:attr:`certified` is False).
+    sigma : float
+        RBF kernel width (``> 0``).
+    audit_every : int, default 1000
+        Every this many operations the maintained gradients and inverse are checked against a
+        fresh evaluation and refactorised if they drifted (see :meth:`audit`). 0 disables.
+
+    Attributes
+    ----------
+    ids, keys, alpha : ndarray
+        Live keys in insertion (id) order, shapes (n,), (n, d), (n,).
+    rho : float
+        Multiplier of ``sum(a) = 1``; ``f(x) = 2 sum_i a_i k(x, x_i) - k(x, x) + rho``.
+    margin_ids, error_ids, reserve_ids : ndarray of int
+        The partition S (0 < a < C, f = 0), E (a = C, f <= 0), R (a = 0, f >= 0).
+
+    Notes
+    -----
+    * **Certificate.** A reserve key has a coefficient of exactly 0.0: evicting it changes no
+      coefficient, no rho and no readout (:meth:`evict_reserve`).
+    * **Exact unlearning.** :meth:`remove` walks the victim's coefficient to 0; the result is
+      the optimum of the retained keys under the same C, i.e. what a fresh solve gives.
+    * **Degenerate cases** (DESIGN.md §2): an empty margin set moves rho alone and reports the
+      midpoint of rho's optimal interval at rest; simultaneous events are executed one at a
+      time, ties broken by smallest id; a key numerically dependent on the margin set
+      (Schur complement below ``KAPPA_TOL``) never enters it; warm-up uses a virtual anchor.
+    * When the margin set is empty rho is not unique. :meth:`remove` reports the midpoint
+      (what a fresh solve reports); :meth:`evict_reserve` keeps rho where it is, so that the
+      decision function is unchanged.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from svtoolkit import IncrementalSVDD
+    >>> X = np.random.default_rng(0).standard_normal((40, 3))
+    >>> svdd = IncrementalSVDD.from_nu(0.5, n0=40, sigma=1.5)
+    >>> ids = svdd.extend(X)
+    >>> svdd.certified, bool(abs(svdd.alpha.sum() - 1.0) < 1e-12)
+    (True, True)
+    >>> svdd.remove(ids[3])
+    >>> len(svdd)
+    39
+    >>> bool(svdd.kkt_residual() < 1e-12)
+    True
+    """
+
+    def __init__(self, C, sigma, *, audit_every=1000):
+        self._C = check_positive(C, "C")
+        self._sigma = check_sigma(sigma)
+        if isinstance(audit_every, bool) or not isinstance(audit_every, numbers.Integral):
+            raise TypeError(f"audit_every must be an int; got {type(audit_every).__name__}")
+        if audit_every < 0:
+            raise ValueError(f"audit_every must be >= 0; got {audit_every}")
+        self.audit_every = int(audit_every)
+        self.max_events = None  # None: 50 n + 1000 events per walk
+        self._d = None
+        self._next_id = 0
+        self._slot_of = {}
+        self._ops_since_audit = 0
+        self.n_refactorizations = 0
+        self.n_polishes = 0
+        self.n_rebuilds = 0
+        self._allocate(d=1, cap=16, mcap=8)
+        self._d = None
+
+    @classmethod
+    def from_nu(cls, nu, n0, sigma, **kwargs):
+        """Build with ``C = 1 / (nu * n0)``, computed once at the reference size ``n0``.
+
+        Parameters
+        ----------
+        nu : float in (0, 1]
+            Fraction of outliers at the reference size.
+        n0 : int >= 1
+            Reference number of keys. C is never recomputed as the number of keys changes.
+        sigma : float
+            RBF kernel width.
+        """
+        nu = check_positive(nu, "nu")
+        if nu > 1.0:
+            raise ValueError(f"nu must be in (0, 1]; got {nu}")
+        if isinstance(n0, bool) or not isinstance(n0, numbers.Integral) or n0 < 1:
+            raise ValueError(f"n0 must be an integer >= 1; got {n0!r}")
+        return cls(1.0 / (nu * int(n0)), sigma, **kwargs)
+
+    # ------------------------------------------------------------------ state and allocation
+    def _allocate(self, d, cap, mcap):
+        self._Xt = np.zeros((d, cap))
+        self._ids = np.full(cap, -2, dtype=np.int64)
+        self._alpha = np.zeros(cap)
+        self._grad = np.zeros(cap)
+        self._status = np.zeros(cap, dtype=np.int8)
+        self._spos = np.full(cap, -1, dtype=np.int64)
+        self._blocked = np.full(cap, -1, dtype=np.int64)
+        self._kc = np.zeros(cap)
+        self._gam = np.zeros(cap)
+        self._S = np.zeros(mcap, dtype=np.int64)
+        self._KSt = np.zeros((mcap, cap))
+        self._R = np.zeros((mcap + 1, mcap + 1))
+        self._beta = np.zeros(mcap + 1)
+        self._bk = np.zeros(mcap + 1)
+        self._vbuf = np.zeros(mcap + 1)
+        self._fs = np.array([0.0, self._C, 1.0 / self._sigma**2, np.inf])
+        self._ist = np.zeros(W.IST_SIZE, dtype=np.int64)
+        self._ist[[W._ANCHOR, W._LAST_LEFT, W._LAST_JOINED, W._CUR_C]] = -1
+
+    def _ensure_slots(self, needed):
+        cap = self._Xt.shape[1]
+        if needed <= cap:
+            return
+        new = max(needed, 2 * cap)
+        n = self._n
+
+        def grow(a, fill):
+            out = np.full((new,) + a.shape[1:], fill, dtype=a.dtype)
+            out[:n] = a[:n]
+            return out
+
+        Xt = np.zeros((self._Xt.shape[0], new))
+        Xt[:, :n] = self._Xt[:, :n]
+        self._Xt = Xt
+        self._ids = grow(self._ids, -2)
+        self._alpha = grow(self._alpha, 0.0)
+        self._grad = grow(self._grad, 0.0)
+        self._status = grow(self._status, 0)
+        self._spos = grow(self._spos, -1)
+        self._blocked = grow(self._blocked, -1)
+        self._kc = np.zeros(new)
+        self._gam = np.zeros(new)
+        KSt = np.zeros((self._KSt.shape[0], new))
+        KSt[:, :n] = self._KSt[:, :n]
+        self._KSt = KSt
+
+    def _grow_margin(self):
+        mcap = self._S.shape[0]
+        new = 2 * mcap
+        m = self._m
+        S = np.zeros(new, dtype=np.int64)
+        S[:m] = self._S[:m]
+        KSt = np.zeros((new, self._KSt.shape[1]))
+        KSt[:m] = self._KSt[:m]
+        R = np.zeros((new + 1, new + 1))
+        R[: m + 1, : m + 1] = self._R[: m + 1, : m + 1]
+        self._S, self._KSt, self._R = S, KSt, R
+        self._beta = np.zeros(new + 1)
+        self._bk = np.zeros(new + 1)
+        self._vbuf = np.zeros(new + 1)
+
+    @property
+    def _n(self):
+        return int(self._ist[W._N])
+
+    @property
+    def _m(self):
+        return int(self._ist[W._M])
+
+    @property
+    def _anchor(self):
+        return int(self._ist[W._ANCHOR])
+
+    # ------------------------------------------------------------------ the walk
+    def _event_limit(self):
+        return self.max_events if self.max_events is not None else 50 * self._n + 1000
+
+    def _arrays(self):
+        return (
+            self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos, self._S,
+            self._KSt, self._R, self._kc, self._gam, self._beta, self._bk, self._vbuf,
+            self._blocked, self._fs, self._ist,
+        )
+
+    def _check(self, code):
+        """True when the kernel asked for more margin capacity (granted); raise on failure."""
+        if code == W.DONE:
+            return False
+        if code == W.NEED_MARGIN_CAPACITY:
+            self._grow_margin()
+            return True
+        self._ist[W._CUR_C] = -1
+        reason = {
+            W.TOO_MANY_EVENTS: f"more than {self._event_limit()} events in one walk",
+            W.NO_EVENT: "no admissible event (numerically infeasible step)",
+        }[code]
+        raise SolverFailure(reason)
+
+    def _walk(self, c, mode, kc_ready=False):
+        """Run one exact walk of slot c, then relax any sign violators (see _walk.repair)."""
+        code = W.walk(*self._arrays(), c, mode, kc_ready, self._event_limit())
+        while self._check(code):
+            code = W.walk(*self._arrays(), c, mode, False, self._event_limit())
+
+    def _insert(self, x, new_id, is_anchor=False):
+        self._ensure_slots(self._n + 1)
+        return W.insert_slot(
+            x, new_id, self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos,
+            self._S, self._KSt, self._blocked, self._kc, self._fs, self._ist, is_anchor,
+        )
+
+    def _delete(self, slot):
+        moved = W.delete_slot(
+            slot, self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos,
+            self._S, self._KSt, self._blocked, self._ist,
+        )
+        if moved >= 0:
+            moved_id = int(self._ids[slot])
+            if moved_id >= 0:
+                self._slot_of[moved_id] = slot
+
+    def _start(self):
+        """Empty -> {anchor} holding all the mass: a_anchor = 1, S = {anchor}, rho = -1."""
+        slot = self._insert(np.zeros(self._d), -1, is_anchor=True)
+        self._alpha[slot] = 1.0
+        self._grad[slot] = 0.0
+        self._status[slot] = W.MARGIN
+        self._spos[slot] = 0
+        self._S[0] = slot
+        self._KSt[0, slot] = 1.0
+        self._R[:2, :2] = [[-2.0, 1.0], [1.0, 0.0]]
+        self._ist[W._M] = 1
+        self._fs[0] = -1.0  # g_anchor = 2 * 1 - 1 + rho = 0
+
+    def _feasible(self, n_real):
+        return n_real * self._C >= 1.0 - W.FEASIBILITY_TOL
+
+    def _admit_anchor(self):
+        slot = self._insert(np.zeros(self._d), -1, is_anchor=True)
+        self._walk(slot, W.ADMIT, kc_ready=True)
+
+    def _drop_anchor(self):
+        slot = self._anchor
+        self._walk(slot, W.REMOVE)
+        self._delete(slot)
+
+    def _settle(self):
+        """Bring the state to rest in canonical form (see ``_walk.settle``)."""
+        limit, repairs = self._event_limit(), 10 * self._n + 10
+        while True:
+            code = W.settle(*self._arrays(), limit, repairs)
+            if code == W.NEED_POLISH:
+                self._polish()
+            elif not self._check(code):
+                return
+
+    def _reset(self):
+        d = self._d
+        self._allocate(d=d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
+        self._slot_of = {}
+
+    # ------------------------------------------------------------------ public operations
+    def add(self, x):
+        """Admit one key by exact increment.
+
+        Parameters
+        ----------
+        x : array_like of shape (d,)
+
+        Returns
+        -------
+        int
+            A stable id (insertion counter) for the key.
+
+        Raises
+        ------
+        ValueError
+            Wrong shape or dimension, NaN or inf. The state is unchanged.
+        TypeError
+            Non-numeric input. The state is unchanged.
+        """
+        x = as_key(x, "x", d=self._d)
+        if self._d is None:
+            self._d = x.shape[0]
+            self._allocate(d=self._d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
+        new_id = self._next_id
+        try:
+            self._add_checked(x, new_id)
+        except SolverFailure as exc:
+            self._recover(exc, exclude=new_id)
+        self._after_operation()
+        return new_id
+
+    def _add_checked(self, x, new_id):
+        if self._n == 0:
+            self._start()
+        slot = self._insert(x, new_id)
+        self._next_id = new_id + 1
+        self._slot_of[new_id] = slot
+        self._walk(slot, W.ADMIT, kc_ready=True)
+        if self._anchor >= 0 and self._feasible(len(self)):
+            self._settle()
+            self._drop_anchor()
+        self._settle()
+
+    def extend(self, X):
+        """Admit the rows of ``X`` one at a time (validated as a whole first).
+
+        Parameters
+        ----------
+        X : array_like of shape (k, d)
+
+        Returns
+        -------
+        ndarray of shape (k,), int64
+            The ids of the admitted keys, in row order.
+        """
+        X = as_keys(X, "X", d=self._d)
+        return np.array([self.add(x) for x in X], dtype=np.int64)
+
+    def remove(self, id):
+        """Delete one key by exact decrement (exact unlearning).
+
+        Afterwards the state is the optimum of the retained keys under the same C - what a
+        fresh solve of them gives. Deletion is never refused: if the retained keys can no
+        longer satisfy ``sum(a) = 1`` the solver returns to warm-up.
+
+        Raises
+        ------
+        KeyError
+            Unknown id, or an id that was already removed. The state is unchanged.
+        """
+        slot = self._lookup(id)
+        if len(self) == 1:
+            self._reset()
+            self._after_operation()
+            return
+        try:
+            if (
+                self._anchor < 0
+                and self._alpha[slot] > 0.0
+                and not self._feasible(len(self) - 1)
+            ):
+                self._admit_anchor()
+            self._walk(slot, W.REMOVE)
+            del self._slot_of[int(id)]
+            self._delete(slot)
+            self._settle()
+        except SolverFailure as exc:
+            self._recover(exc, exclude=None)
+        self._after_operation()
+
+    def evict_reserve(self):
+        """Remove every reserve key (coefficient exactly 0): the certified eviction.
+
+        No coefficient and no rho changes, so the decision function and every readout are
+        unchanged (up to the order of floating-point summation). The certificate covers the
+        current problem: a later admission can make an evicted key matter again.
+
+        Returns
+        -------
+        ndarray of int64
+            The removed ids, ascending.
+        """
+        n = self._n
+        mask = (self._status[:n] == W.RESERVE) & (self._ids[:n] >= 0)
+        evicted = np.sort(self._ids[:n][mask])
+        for key_id in evicted:
+            slot = self._slot_of.pop(int(key_id))
+            self._delete(slot)
+        return evicted
+
+    def _lookup(self, id):
+        if isinstance(id, bool) or not isinstance(id, (numbers.Integral, np.integer)):
+            raise KeyError(f"ids are integers; got {id!r}")
+        key = int(id)
+        slot = self._slot_of.get(key)
+        if slot is None:
+            if 0 <= key < self._next_id:
+                raise KeyError(f"id {key} is not held by the solver: it was removed")
+            raise KeyError(f"unknown id {key}")
+        return slot
+
+    # ------------------------------------------------------------------ failure handling
+    def _recover(self, exc, exclude):
+        """After a failed walk: rebuild from the keys held before the operation, then raise.
+
+        The keys (and their ids) are intact - a walk never touches them - so the rebuilt
+        state is a fresh exact solve of exactly the keys the solver held before.
+        """
+        order = self._order()
+        ids = self._ids[order]
+        keep = ids != exclude if exclude is not None else np.ones(len(ids), bool)
+        ids, keys = ids[keep].copy(), self._Xt[:, order].T[keep].copy()
+        if exclude is not None:
+            self._next_id = exclude  # the failed admission consumed no id
+        self._rebuild(ids, keys)
+        raise SolverFailure(
+            f"{exc}; the solver was rebuilt from the {len(ids)} keys it held before the "
+            "operation (a fresh exact solve of them)"
+        ) from exc
+
+    def _rebuild(self, ids, keys):
+        """Fresh solve of the given keys, keeping their ids (used after a failed walk)."""
+        next_id = self._next_id
+        self._reset()
+        for key_id, x in zip(ids, keys):
+            self._add_checked(x, int(key_id))
+        self._next_id = next_id
+        self.n_rebuilds += 1
+
+    def _after_operation(self):
+        self._ops_since_audit += 1
+        if self.audit_every and self._ops_since_audit >= self.audit_every:
+            self.audit()
+
+    # ------------------------------------------------------------------ read-only views
+    def _order(self):
+        n = self._n
+        real = np.flatnonzero(self._ids[:n] >= 0)
+        return real[np.argsort(self._ids[real], kind="stable")]
+
+    def __len__(self):
+        return len(self._slot_of)
+
+    @property
+    def C(self):
+        """The box constraint (fixed)."""
+        return self._C
+
+    @property
+    def sigma(self):
+        """The RBF kernel width."""
+        return self._sigma
+
+    @property
+    def n_features(self):
+        """Dimension d of the keys (None before the first key)."""
+        return self._d
+
+    @property
+    def ids(self):
+        """ndarray of shape (n,): live ids in insertion order."""
+        return self._ids[self._order()].copy()
+
+    @property
+    def keys(self):
+        """ndarray of shape (n, d): live keys, aligned with :attr:`ids`."""
+        order = self._order()
+        if self._d is None:
+            return np.zeros((0, 0))
+        return np.ascontiguousarray(self._Xt[:, order].T)
+
+    @property
+    def alpha(self):
+        """ndarray of shape (n,): coefficients aligned with :attr:`ids` (reserve keys: 0.0)."""
+        return self._alpha[self._order()].copy()
+
+    @property
+    def rho(self):
+        """The multiplier of sum(a) = 1 (the decision function's offset)."""
+        return float(self._fs[0])
+
+    def _ids_with(self, status):
+        order = self._order()
+        return self._ids[order][self._status[order] == status].copy()
+
+    @property
+    def margin_ids(self):
+        """Ids of the margin set S (0 < a < C, f = 0)."""
+        return self._ids_with(W.MARGIN)
+
+    @property
+    def error_ids(self):
+        """Ids of the error set E (a = C, f <= 0)."""
+        return self._ids_with(W.ERROR)
+
+    @property
+    def reserve_ids(self):
+        """Ids of the reserve set R (a = 0 exactly, f >= 0)."""
+        return self._ids_with(W.RESERVE)
+
+    @property
+    def certified(self):
+        """True when the keys alone hold the optimum (n C >= 1; no warm-up anchor)."""
+        return len(self) > 0 and self._anchor < 0
+
+    @property
+    def warmup_mass(self):
+        """Mass held by the virtual anchor during warm-up (0.0 once certified)."""
+        return float(self._alpha[self._anchor]) if self._anchor >= 0 else 0.0
+
+    @property
+    def n_events(self):
+        """Total number of walk events executed so far."""
+        return int(self._ist[W._EVENTS])
+
+    @property
+    def n_refused_joins(self):
+        """Times a key was kept out of S as numerically dependent on it (near duplicates)."""
+        return int(self._ist[W._REFUSED])
+
+    def __repr__(self):
+        return (
+            f"IncrementalSVDD(C={self._C:.6g}, sigma={self._sigma:.6g}, n={len(self)}, "
+            f"margin={len(self.margin_ids)}, error={len(self.error_ids)}, "
+            f"reserve={len(self.reserve_ids)}, certified={self.certified})"
+        )
+
+    # ------------------------------------------------------------------ exact state export
+    def margin_system(self):
+        """The maintained bordered system of the margin set, for the exact backward.
+
+        Returns
+        -------
+        MarginSystem
+            ``margin_ids`` in bordered-system order (row/column p+1 of the inverse belongs to
+            ``margin_ids[p]``), ``error_ids``, ``inverse`` R = M^{-1} of shape (m+1, m+1) with
+            M = [[0, 1^T], [1, 2 K_SS]], ``rho`` and ``alpha_margin`` (aligned with
+            ``margin_ids``). So [rho; a_S] = R [1 - |E| C; diag(K)_S - 2 C K_SE 1].
+
+        Raises
+        ------
+        RuntimeError
+            During warm-up (the anchor is part of the system; nothing is certified).
+        """
+        if not self.certified:
+            raise RuntimeError("margin_system needs a certified solver (n * C >= 1)")
+        m = self._m
+        S = self._S[:m]
+        return MarginSystem(
+            margin_ids=self._ids[S].copy(),
+            error_ids=self.error_ids,
+            inverse=self._R[: m + 1, : m + 1].copy(),
+            rho=self.rho,
+            alpha_margin=self._alpha[S].copy(),
+            C=self._C,
+        )
+
+    _STATE_FORMAT = 1
+
+    def state_dict(self):
+        """Everything needed to restore this solver bit for bit (plain arrays and numbers)."""
+        n, m = self._n, self._m
+        return {
+            "format": self._STATE_FORMAT,
+            "C": self._C,
+            "sigma": self._sigma,
+            "d": -1 if self._d is None else self._d,
+            "next_id": self._next_id,
+            "audit_every": self.audit_every,
+            "Xt": self._Xt[:, :n].copy(),
+            "ids": self._ids[:n].copy(),
+            "alpha": self._alpha[:n].copy(),
+            "grad": self._grad[:n].copy(),
+            "status": self._status[:n].copy(),
+            "spos": self._spos[:n].copy(),
+            "S": self._S[:m].copy(),
+            "KSt": self._KSt[:m, :n].copy(),
+            "R": self._R[: m + 1, : m + 1].copy(),
+            "fs": self._fs.copy(),
+            "ist": self._ist.copy(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state):
+        """Rebuild a solver from :meth:`state_dict` output (validated for consistency).
+
+        Raises
+        ------
+        ValueError
+            Unknown format, or arrays whose shapes or contents contradict each other.
+        """
+        if state.get("format") != cls._STATE_FORMAT:
+            raise ValueError(f"unknown solver state format {state.get('format')!r}")
+        solver = cls(state["C"], state["sigma"], audit_every=int(state["audit_every"]))
+        d = int(state["d"])
+        ist = np.asarray(state["ist"], dtype=np.int64)
+        n, m = int(ist[W._N]), int(ist[W._M])
+        if d < 0:
+            if n:
+                raise ValueError("state holds keys but no dimension")
+            return solver
+        shapes = {"Xt": (d, n), "ids": (n,), "alpha": (n,), "grad": (n,), "status": (n,),
+                  "spos": (n,), "S": (m,), "KSt": (m, n), "R": (m + 1, m + 1),
+                  "fs": (4,), "ist": (W.IST_SIZE,)}
+        for key, shape in shapes.items():
+            if np.shape(state[key]) != shape:
+                raise ValueError(f"state[{key!r}] has shape {np.shape(state[key])}, "
+                                 f"expected {shape}")
+        solver._d = d
+        cap, mcap = max(16, n + 1), max(8, m + 1)
+        solver._allocate(d=d, cap=cap, mcap=mcap)
+        solver._Xt[:, :n] = state["Xt"]
+        solver._ids[:n] = state["ids"]
+        solver._alpha[:n] = state["alpha"]
+        solver._grad[:n] = state["grad"]
+        solver._status[:n] = state["status"]
+        solver._spos[:n] = state["spos"]
+        solver._S[:m] = state["S"]
+        solver._KSt[:m, :n] = state["KSt"]
+        solver._R[: m + 1, : m + 1] = state["R"]
+        solver._fs[:] = state["fs"]
+        solver._ist[:] = ist
+        solver._next_id = int(state["next_id"])
+        ids = solver._ids[:n]
+        real = ids[ids >= 0]
+        if len(np.unique(real)) != len(real) or (len(real) and real.max() >= solver._next_id):
+            raise ValueError("state ids are duplicated or not below next_id")
+        if not np.array_equal(np.sort(solver._S[:m]), np.flatnonzero(solver._status[:n] ==
+                                                                      W.MARGIN)):
+            raise ValueError("state margin list disagrees with the status array")
+        solver._slot_of = {int(i): slot for slot, i in enumerate(ids) if i >= 0}
+        return solver
+
+    def copy(self):
+        """An independent copy with identical state."""
+        return type(self).from_state_dict(self.state_dict())
+
+    # ------------------------------------------------------------------ evaluation
+    def decision_function(self, X):
+        """f(x) = 2 sum_i a_i k(x, x_i) - k(x, x) + rho for each row of X.
+
+        f = 0 on the margin, f > 0 inside the description, f < 0 outside (scikit-learn's sign
+        convention). During warm-up the anchor contributes nothing.
+
+        Parameters
+        ----------
+        X : array_like of shape (m, d)
+
+        Returns
+        -------
+        ndarray of shape (m,)
+        """
+        if len(self) == 0:
+            raise ValueError("decision_function needs at least one key in the solver")
+        Qt = np.ascontiguousarray(as_keys(X, "X", d=self._d).T)
+        out = np.empty(Qt.shape[1])
+        W.decision(Qt, self._Xt, self._alpha, self._n, self._anchor, self._fs[2], self._fs[0],
+                   out)
+        return out
+
+    def _fresh_gradients(self):
+        out = np.empty(self._n)
+        W.fresh_gradients(
+            self._Xt, self._alpha, self._n, self._anchor, self._fs[2], self._fs[0], out
+        )
+        return out
+
+    def kkt_residual(self):
+        """Largest violation of the KKT conditions, recomputed from the keys.
+
+        The terms: ``|sum(a) - 1|``, box violations, ``|f|`` on the margin set, ``max(f, 0)``
+        on the error set and ``max(-f, 0)`` on the reserve set. The sum and box terms are
+        multiplied by 2 (the most a unit of coefficient can move f), so every term is in units
+        of f. During warm-up it is the residual of the anchored problem.
+
+        Returns
+        -------
+        float
+        """
+        n = self._n
+        if n == 0:
+            return 0.0
+        g = self._fresh_gradients()
+        a = self._alpha[:n]
+        st = self._status[:n]
+        ub = np.full(n, self._C)
+        if self._anchor >= 0:
+            ub[self._anchor] = np.inf
+        terms = [
+            2.0 * abs(a.sum() - 1.0),
+            2.0 * max(0.0, float(np.max(-a))),
+            2.0 * max(0.0, float(np.max(a - ub))),
+        ]
+        for status, violation in (
+            (W.MARGIN, np.abs(g)),
+            (W.ERROR, np.maximum(g, 0.0)),
+            (W.RESERVE, np.maximum(-g, 0.0)),
+        ):
+            sel = st == status
+            if sel.any():
+                terms.append(float(violation[sel].max()))
+        return max(terms)
+
+    def _bordered(self):
+        m = self._m
+        S = self._S[:m]
+        M = np.zeros((m + 1, m + 1))
+        M[0, 1:] = 1.0
+        M[1:, 0] = 1.0
+        M[1:, 1:] = 2.0 * self._KSt[:m][:, S]
+        return M
+
+    def audit(self):
+        """Check the maintained state against a fresh evaluation; refactorise on drift.
+
+        Returns
+        -------
+        dict
+            ``grad_drift`` (max |g maintained - g fresh|), ``inverse_residual``
+            (||R M - I||_max), ``kkt_residual`` (after any repair) and ``refactorized``.
+        """
+        self._ops_since_audit = 0
+        n, m = self._n, self._m
+        if n == 0:
+            return {"grad_drift": 0.0, "inverse_residual": 0.0, "kkt_residual": 0.0,
+                    "refactorized": False}
+        fresh = self._fresh_gradients()
+        margin = self._status[:n] == W.MARGIN
+        drift = float(np.max(np.abs(np.where(margin, 0.0, self._grad[:n]) - fresh)))
+        inv_res = 0.0
+        if m > 0:
+            M = self._bordered()
+            inv_res = float(np.max(np.abs(self._R[: m + 1, : m + 1] @ M - np.eye(m + 1))))
+        repaired = drift > AUDIT_GRAD_TOL or inv_res > AUDIT_INVERSE_TOL
+        if repaired:
+            self._refactorize()
+        return {"grad_drift": drift, "inverse_residual": inv_res,
+                "kkt_residual": self.kkt_residual(), "refactorized": repaired}
+
+    def _polish(self):
+        """Re-solve the state of the current partition from scratch.
+
+        Fresh inverse of the bordered matrix, [rho; a_S] from the bordered system with two
+        steps of iterative refinement, gradients from the keys. Used after rank-one updates
+        with small pivots, whose rounding (~eps / pivot) the maintained state inherited.
+        """
+        self._fs[3] = np.inf
+        n, m = self._n, self._m
+        self.n_polishes += 1
+        if m > 0:
+            S = self._S[:m]
+            M = self._bordered()
+            R = np.linalg.inv(M)
+            self._R[: m + 1, : m + 1] = R
+            outside = np.ones(n, bool)
+            outside[S] = False
+            rhs = np.empty(m + 1)
+            rhs[0] = 1.0 - self._alpha[:n][outside].sum()
+            rhs[1:] = 1.0 - 2.0 * self._KSt[:m, :n][:, outside] @ self._alpha[:n][outside]
+            u = R @ rhs
+            for _ in range(2):
+                u += R @ (rhs - M @ u)
+            self._fs[0] = u[0]
+            self._alpha[S] = u[1:]
+        g = self._fresh_gradients()
+        g[self._status[:n] == W.MARGIN] = 0.0
+        self._grad[:n] = g
+
+    def _refactorize(self):
+        """R from a fresh inverse of M; gradients from the keys."""
+        m, n = self._m, self._n
+        if m > 0:
+            self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+        g = self._fresh_gradients()
+        g[self._status[:n] == W.MARGIN] = 0.0
+        self._grad[:n] = g
+        self.n_refactorizations += 1

@@ -1,0 +1,733 @@
+"""Numba kernels of the exact Cauwenberghs-Poggio walk on the SVDD dual.
+
+Everything here is a free ``@njit`` function over arrays and scalars; the state lives in
+:class:`svtoolkit.exact.solver.IncrementalSVDD`. One add or remove is one call of :func:`walk`
+(one Python -> Numba crossing per operation; the whole event loop runs inside).
+
+State layout (``cap`` slots, ``mcap`` margin capacity; slot order is arbitrary, swap-remove):
+
+==========  =================  =========================================================
+name        shape              meaning
+==========  =================  =========================================================
+Xt          (d, cap)           keys, one column per slot (vectorisable distance loops)
+ids         (cap,) int64       stable ids; the virtual anchor has id -1
+alpha       (cap,)             coefficients a
+grad        (cap,)             g_i = 2 (K a)_i - K_ii + rho  (= f(x_i))
+status      (cap,) int8        RESERVE / MARGIN / ERROR / MOVING
+spos        (cap,) int64       position in the margin list, -1 if not a margin point
+S           (mcap,) int64      margin list (slots), in bordered-system order
+KSt         (mcap, cap)        KSt[p, i] = k(x_{S[p]}, x_i): the columns K[:, S], each contiguous
+R           (mcap+1, mcap+1)   inverse of M = [[0, 1^T], [1, 2 K_SS]]
+blocked     (cap,) int64       epoch stamp: slot is dependent on the current S (see below)
+fs          (4,)               [rho, C, 1/sigma^2, smallest pivot since the last polish]
+ist         (11,) int64        [n, m, anchor slot, epoch, last_left, last_joined,
+                                events, refused joins, current walk's slot and mode, repairs]
+==========  =================  =========================================================
+
+The virtual anchor (EXACT_SOLVER_NOTES.md "Starting, and feasibility") is an ordinary slot with
+k(anchor, x) = 0 for every key, k(anchor, anchor) = 1 and no upper bound. It absorbs the mass the
+keys cannot hold while n C < 1 (warm-up).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._jit import njit
+from ..kernels import rbf_row
+
+# --- status codes ------------------------------------------------------------------------------
+RESERVE = 0
+MARGIN = 1
+ERROR = 2
+MOVING = 3  # the coefficient being driven by the current walk
+
+# --- walk modes --------------------------------------------------------------------------------
+ADMIT = 0  # raise a_c until g_c = 0 (S) or a_c = C (E)
+REMOVE = 1  # lower a_c to 0; the caller deletes the slot
+RELAX_DOWN = 2  # lower a_c until g_c = 0 (S) or a_c = 0 (R)
+
+# --- walk return codes ---------------------------------------------------------------------------
+DONE = 0
+NEED_MARGIN_CAPACITY = 1
+TOO_MANY_EVENTS = 2
+NO_EVENT = 3
+NEED_POLISH = 4
+
+# --- tolerances (one table; see docs/exact_solver.md) ------------------------------------------
+#: A point whose Schur complement against the margin set is below this is numerically dependent
+#: on it (an exact or near duplicate of margin points); it is kept out of S at its bound.
+KAPPA_TOL = 1e-10
+#: Error/reserve points whose gradient moves slower than this per unit step are not event
+#: candidates (their gradient changes by less than SENS_TOL * step, far below 1e-12).
+SENS_TOL = 1e-12
+#: n C >= 1 - FEASIBILITY_TOL counts as feasible; an anchor residue below it is snapped to 0.
+FEASIBILITY_TOL = 1e-12
+#: At rest, error/reserve points whose gradient has the wrong sign by more than this are
+#: relaxed by their own walk (see :func:`repair`).
+REPAIR_TOL = 1e-13
+#: At rest, a margin coefficient within BOUND_SNAP * C of a bound is moved to that bound.
+BOUND_SNAP = 1e-12
+#: An operation whose rank-one updates used a pivot (Schur complement) below this ends with a
+#: polish: fresh inverse, coefficients re-solved from the partition, gradients from the keys.
+#: Rounding in a rank-one update grows like eps / pivot; this keeps it below ~1e-10.
+POLISH_PIVOT = 1e-6
+
+# ist indices
+_N, _M, _ANCHOR, _EPOCH, _LAST_LEFT, _LAST_JOINED, _EVENTS, _REFUSED = 0, 1, 2, 3, 4, 5, 6, 7
+_CUR_C, _CUR_MODE, _REPAIRS = 8, 9, 10
+IST_SIZE = 11
+
+# event kinds
+_EV_NONE = 0
+_EV_C_TO_S = 1
+_EV_C_TO_E = 2
+_EV_C_TO_R = 3
+_EV_C_ZERO = 4
+_EV_S_TO_R = 5
+_EV_S_TO_E = 6
+_EV_JOIN = 7  # an error or reserve point reaches g = 0 and joins S
+
+
+@njit
+def kernel_column(Xt, n, c, anchor, inv_sigma2, out):
+    """out[i] = k(x_i, x_c) for the first n slots (anchor rules applied).
+
+    Parameters
+    ----------
+    Xt : ndarray of shape (d, cap)
+        Keys as columns.
+    n : int
+        Number of live slots.
+    c : int
+        Slot of the column.
+    anchor : int
+        Slot of the virtual anchor, -1 if absent.
+    inv_sigma2 : float
+        ``1 / sigma**2``.
+    out : ndarray of shape (>= n,)
+        Written in place.
+    """
+    if c == anchor:
+        for i in range(n):
+            out[i] = 0.0
+        out[c] = 1.0
+        return
+    rbf_row(Xt, n, Xt[:, c], inv_sigma2, out)
+    if anchor >= 0:
+        out[anchor] = 0.0
+    out[c] = 1.0
+
+
+@njit
+def _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam):
+    """beta = -R [1; 2 K_Sc] and gamma_i = 2 K_ic + 2 K_iS beta_S + beta_0 for all slots."""
+    vbuf[0] = 1.0
+    for p in range(m):
+        vbuf[p + 1] = 2.0 * kc[S[p]]
+    for i in range(m + 1):
+        s = 0.0
+        for j in range(m + 1):
+            s += R[i, j] * vbuf[j]
+        beta[i] = -s
+    b0 = beta[0]
+    for i in range(n):
+        gam[i] = 2.0 * kc[i] + b0
+    for p in range(m):
+        b = 2.0 * beta[p + 1]
+        row = KSt[p]
+        for i in range(n):
+            gam[i] += b * row[i]
+
+
+@njit
+def _schur(m, S, KSt, R, k, bk, vbuf):
+    """Sensitivities of S with respect to slot k (into bk) and k's Schur complement kappa."""
+    vbuf[0] = 1.0
+    for p in range(m):
+        vbuf[p + 1] = 2.0 * KSt[p, k]
+    for i in range(m + 1):
+        s = 0.0
+        for j in range(m + 1):
+            s += R[i, j] * vbuf[j]
+        bk[i] = -s
+    kappa = 2.0  # 2 K_kk with K_kk = 1 (RBF and anchor alike)
+    for i in range(m + 1):
+        kappa += vbuf[i] * bk[i]
+    return kappa
+
+
+@njit
+def _grow(R, m, bk, kappa):
+    """R <- [[R, 0], [0, 0]] + (1/kappa) [bk; 1] [bk; 1]^T  (bordered size m+1 -> m+2)."""
+    if m == 0:
+        R[0, 0] = -2.0
+        R[0, 1] = 1.0
+        R[1, 0] = 1.0
+        R[1, 1] = 0.0
+        return
+    inv = 1.0 / kappa
+    for i in range(m + 1):
+        bi = bk[i] * inv
+        for j in range(m + 1):
+            R[i, j] += bi * bk[j]
+        R[i, m + 1] = bi
+        R[m + 1, i] = bi
+    R[m + 1, m + 1] = inv
+
+
+@njit
+def _shrink(R, m, q):
+    """Remove row/column q (>= 1) of the bordered inverse of size m+1; the last moves to q."""
+    if m == 1:
+        return  # S becomes empty: R is undefined until the next grow
+    rqq = R[q, q]
+    for i in range(m + 1):
+        if i == q:
+            continue
+        f = R[i, q] / rqq
+        for j in range(m + 1):
+            if j != q:
+                R[i, j] -= f * R[q, j]
+    if q != m:
+        for i in range(m + 1):
+            R[i, q] = R[i, m]
+        for j in range(m + 1):
+            R[q, j] = R[m, j]
+
+
+@njit
+def _join(k, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist):
+    """Slot k enters the margin set (bordered inverse grows; its kernel column is stored)."""
+    n = ist[_N]
+    m = ist[_M]
+    if m > 0 and kappa < fs[3]:
+        fs[3] = kappa  # smallest pivot since the last polish
+    _grow(R, m, bk, kappa)
+    if k == c:
+        for i in range(n):
+            KSt[m, i] = kc[i]
+    else:
+        kernel_column(Xt, n, k, ist[_ANCHOR], fs[2], KSt[m])
+    S[m] = k
+    spos[k] = m
+    status[k] = MARGIN
+    grad[k] = 0.0
+    ist[_M] = m + 1
+    ist[_LAST_JOINED] = k
+
+
+@njit
+def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
+    """Margin slot j leaves S for the reserve or error set; its coefficient is snapped."""
+    n = ist[_N]
+    m = ist[_M]
+    p = spos[j]
+    if m > 1:
+        pivot = 1.0 / abs(R[p + 1, p + 1])  # j's Schur complement against the rest of S
+        if pivot < fs[3]:
+            fs[3] = pivot
+    _shrink(R, m, p + 1)
+    last = m - 1
+    if p != last:
+        moved = S[last]
+        S[p] = moved
+        spos[moved] = p
+        src = KSt[last]
+        dst = KSt[p]
+        for i in range(n):
+            dst[i] = src[i]
+    spos[j] = -1
+    status[j] = new_status
+    if new_status == RESERVE:
+        alpha[j] = 0.0
+    elif new_status == ERROR:
+        alpha[j] = fs[1]
+    grad[j] = 0.0
+    ist[_M] = m - 1
+    ist[_LAST_LEFT] = j
+    ist[_EPOCH] += 1  # S shrank: points blocked as dependent on the old S may enter again
+
+
+@njit
+def _upper(i, anchor, C):
+    return np.inf if i == anchor else C
+
+
+@njit
+def _better(t, tie, tbest, tiebest):
+    """Smallest step wins; exact ties go to the smallest tie key (Bland's rule on ids)."""
+    return t < tbest or (t == tbest and tie < tiebest)
+
+
+@njit
+def _step_to(value, rate):
+    """Step length for ``value + rate * t`` to reach 0 (value on the far side counts as 0)."""
+    if value * rate >= 0.0:
+        return 0.0
+    return -value / rate
+
+
+@njit
+def _start(c, mode, alpha, grad, status, spos, S, KSt, R, fs, ist):
+    """Put c in the MOVING state; returns True when nothing needs to move."""
+    if mode == ADMIT:
+        if alpha[c] == 0.0 and grad[c] >= 0.0:
+            status[c] = RESERVE  # KKT already holds at a_c = 0
+            return True
+        status[c] = MOVING
+        return False
+    if status[c] == MARGIN:
+        _leave(c, MOVING, alpha, grad, status, spos, S, KSt, R, fs, ist)
+    status[c] = MOVING
+    if alpha[c] == 0.0:
+        if mode == RELAX_DOWN:
+            status[c] = RESERVE
+        return True
+    return False
+
+
+@njit
+def walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
+         fs, ist, c, mode, kc_ready, max_events):
+    """Move alpha[c] exactly, one event at a time, until c's target is met.
+
+    Modes: ``ADMIT`` raises a_c until g_c = 0 (c joins S) or a_c = C (E); ``REMOVE`` lowers
+    a_c to 0 (c stays MOVING for the caller to delete); ``RELAX_DOWN`` lowers a_c until
+    g_c = 0 (S) or a_c = 0 (R). Every step updates alpha, rho and the gradients by the
+    sensitivities and the bordered inverse by rank-one growth/shrink; no step is skipped,
+    zero-length steps included. Resumable: on NEED_MARGIN_CAPACITY the state is consistent;
+    the caller enlarges the margin arrays and calls again.
+
+    Returns
+    -------
+    int
+        DONE, NEED_MARGIN_CAPACITY, TOO_MANY_EVENTS or NO_EVENT.
+
+    Notes
+    -----
+    With S empty only rho moves (every g shifts by d rho): up when c gains mass, until c or an
+    error point reaches g = 0; down when c loses mass, until a reserve point (or, relaxing, c)
+    does. Ties: the smallest step wins, equal steps go to the smallest id, the moving point's
+    own events last. A point may not leave S by a zero-length step right after entering, nor
+    re-enter by a zero-length step right after leaving (anti-cycling). A point whose Schur
+    complement is below KAPPA_TOL never enters S (it is marked dependent until S shrinks).
+    """
+    ist[_CUR_C] = c
+    ist[_CUR_MODE] = mode
+    ist[_LAST_LEFT] = -1
+    ist[_LAST_JOINED] = -1
+    ist[_EPOCH] += 1
+    if status[c] != MOVING or alpha[c] == 0.0:
+        if _start(c, mode, alpha, grad, status, spos, S, KSt, R, fs, ist):
+            ist[_CUR_C] = -1
+            return DONE
+    if not kc_ready:
+        kernel_column(Xt, ist[_N], c, ist[_ANCHOR], fs[2], kc)
+    sign = 1.0 if mode == ADMIT else -1.0
+    events = 0
+    while True:
+        if events >= max_events:
+            return TOO_MANY_EVENTS
+        if ist[_M] == S.shape[0]:
+            return NEED_MARGIN_CAPACITY
+        events += 1
+        ist[_EVENTS] += 1
+        if ist[_M] == 0:
+            code = _rho_step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, bk, fs, ist,
+                             c, mode, sign)
+        else:
+            code = _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk,
+                         vbuf, blocked, fs, ist, c, mode, sign)
+        if code == _CONTINUE:
+            continue
+        if code == DONE:
+            ist[_CUR_C] = -1
+        return code
+
+
+_CONTINUE = -1
+
+
+@njit
+def _finish_own(c, kind, alpha, grad, status, spos, S, KSt, R, kc, bk, kappa, Xt, fs, ist):
+    """Execute the moving point's own terminal event."""
+    if kind == _EV_C_ZERO:
+        alpha[c] = 0.0
+        if ist[_CUR_MODE] == RELAX_DOWN:
+            status[c] = RESERVE
+    elif kind == _EV_C_TO_R:
+        grad[c] = 0.0
+        status[c] = RESERVE
+    elif kind == _EV_C_TO_E:
+        alpha[c] = fs[1]
+        status[c] = ERROR
+    else:  # _EV_C_TO_S
+        _join(c, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist)
+    return DONE
+
+
+@njit
+def _rho_step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, bk, fs, ist, c, mode, sign):
+    """One event with S empty: rho moves alone (up when c gains mass, down when it loses)."""
+    n = ist[_N]
+    big = np.iinfo(np.int64).max
+    tbest = np.inf
+    tiebest = big
+    kind = _EV_NONE
+    who = -1
+    if mode == ADMIT and alpha[c] >= _upper(c, ist[_ANCHOR], fs[1]):
+        return _finish_own(c, _EV_C_TO_E, alpha, grad, status, spos, S, KSt, R, kc, bk, 2.0,
+                           Xt, fs, ist)
+    if mode != REMOVE:
+        t = _step_to(grad[c], sign)
+        tbest, tiebest = t, big - 1
+        kind = _EV_C_TO_S if alpha[c] > 0.0 else _EV_C_TO_R
+        who = c
+    watch = ERROR if sign > 0 else RESERVE
+    for i in range(n):
+        if status[i] == watch:
+            t = _step_to(grad[i], sign)
+            if _better(t, ids[i], tbest, tiebest):
+                tbest, tiebest, kind, who = t, ids[i], _EV_JOIN, i
+    if kind == _EV_NONE:
+        # Nothing can take the mass: legal only for a rounding residue (n C = 1 exactly).
+        if alpha[c] <= FEASIBILITY_TOL:
+            return _finish_own(c, _EV_C_ZERO, alpha, grad, status, spos, S, KSt, R, kc, bk,
+                               2.0, Xt, fs, ist)
+        return NO_EVENT
+    d_rho = sign * tbest
+    fs[0] += d_rho
+    for i in range(n):
+        grad[i] += d_rho
+    if tbest > 0.0:
+        ist[_LAST_LEFT] = -1
+        ist[_LAST_JOINED] = -1
+    if who == c:
+        return _finish_own(c, kind, alpha, grad, status, spos, S, KSt, R, kc, bk, 2.0, Xt, fs,
+                           ist)
+    _join(who, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, 2.0, fs, ist)
+    return _CONTINUE
+
+
+@njit
+def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked, fs,
+          ist, c, mode, sign):
+    """One ordinary event: a_c moves by sign * t, S follows by beta, every g by gamma."""
+    n = ist[_N]
+    m = ist[_M]
+    C = fs[1]
+    anchor = ist[_ANCHOR]
+    big = np.iinfo(np.int64).max
+    _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam)
+    tbest = np.inf
+    tiebest = big
+    kind = _EV_NONE
+    who = -1
+    # the moving point's own events (lowest priority among exact ties)
+    if mode == ADMIT:
+        ub = _upper(c, anchor, C)
+        if ub < np.inf:
+            t = ub - alpha[c]
+            tbest, tiebest, kind, who = (t if t > 0.0 else 0.0), big - 1, _EV_C_TO_E, c
+    else:
+        t = alpha[c] if alpha[c] > 0.0 else 0.0
+        tbest, tiebest, kind, who = t, big - 1, _EV_C_ZERO, c
+    if mode != REMOVE and gam[c] > KAPPA_TOL:
+        t = _step_to(grad[c], sign * gam[c])
+        if _better(t, big - 2, tbest, tiebest):
+            tbest, tiebest, kind, who = t, big - 2, _EV_C_TO_S, c
+    # margin points reaching a bound
+    last_joined = ist[_LAST_JOINED]
+    for p in range(m):
+        j = S[p]
+        db = sign * beta[p + 1]
+        if db < 0.0:
+            t, ev = alpha[j] / (-db), _EV_S_TO_R
+        elif db > 0.0 and _upper(j, anchor, C) < np.inf:
+            t, ev = (C - alpha[j]) / db, _EV_S_TO_E
+        else:
+            continue
+        if t <= 0.0:
+            if j == last_joined:
+                continue  # anti-cycling: no zero-length exit right after entering
+            t = 0.0
+        if _better(t, ids[j], tbest, tiebest):
+            tbest, tiebest, kind, who = t, ids[j], ev, j
+    # error and reserve points reaching g = 0
+    epoch = ist[_EPOCH]
+    last_left = ist[_LAST_LEFT]
+    for i in range(n):
+        st = status[i]
+        if st == MARGIN or st == MOVING or blocked[i] == epoch:
+            continue
+        dg = sign * gam[i]
+        if st == ERROR:
+            if dg <= SENS_TOL:
+                continue
+        elif dg >= -SENS_TOL:
+            continue
+        t = _step_to(grad[i], dg)
+        if t == 0.0 and i == last_left:
+            continue  # anti-cycling: no zero-length return to S
+        if _better(t, ids[i], tbest, tiebest):
+            tbest, tiebest, kind, who = t, ids[i], _EV_JOIN, i
+    if kind == _EV_NONE:
+        return NO_EVENT
+    # take the step
+    st = sign * tbest
+    alpha[c] += st
+    fs[0] += st * beta[0]
+    for p in range(m):
+        alpha[S[p]] += st * beta[p + 1]
+    for i in range(n):
+        if status[i] != MARGIN:
+            grad[i] += st * gam[i]
+    if tbest > 0.0:
+        ist[_LAST_LEFT] = -1
+        ist[_LAST_JOINED] = -1
+    # execute the event
+    if who == c:
+        if kind == _EV_C_TO_S:
+            for i in range(m + 1):
+                bk[i] = beta[i]  # c's own S-sensitivities; its Schur complement is gamma_c
+        return _finish_own(c, kind, alpha, grad, status, spos, S, KSt, R, kc, bk, gam[c], Xt, fs,
+                           ist)
+    if kind == _EV_S_TO_R:
+        _leave(who, RESERVE, alpha, grad, status, spos, S, KSt, R, fs, ist)
+        return _CONTINUE
+    if kind == _EV_S_TO_E:
+        _leave(who, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
+        return _CONTINUE
+    kappa = _schur(m, S, KSt, R, who, bk, vbuf)
+    if kappa < KAPPA_TOL:
+        blocked[who] = epoch  # dependent on S: stays at its bound until S shrinks
+        ist[_REFUSED] += 1
+        return _CONTINUE
+    _join(who, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist)
+    return _CONTINUE
+
+
+@njit
+def worst_violator(grad, status, n, tol):
+    """Slot of the largest sign violation (> tol) among error/reserve points, or -1."""
+    worst = tol
+    who = -1
+    for i in range(n):
+        st = status[i]
+        if st == ERROR:
+            v = grad[i]
+        elif st == RESERVE:
+            v = -grad[i]
+        else:
+            continue
+        if v > worst:
+            worst = v
+            who = i
+    return who
+
+
+@njit
+def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
+           fs, ist, max_events, max_repairs):
+    """Relax every error/reserve point whose gradient sign is wrong, by its own walk.
+
+    Such points are keys that were kept out of S as dependent on it (near duplicates): while
+    their twin moved, their gradient drifted by a first-order amount. Relaxing one is an exact
+    walk with the point as the moving coefficient (up from R, down from E); it transfers mass
+    between the point and the margin set it depends on until a bound is met, and strictly
+    lowers the objective. Resumable like :func:`walk`.
+    """
+    if ist[_CUR_C] >= 0:
+        code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                    blocked, fs, ist, ist[_CUR_C], ist[_CUR_MODE], False, max_events)
+        if code != DONE:
+            return code
+    for _ in range(max_repairs):
+        v = worst_violator(grad, status, ist[_N], REPAIR_TOL)
+        if v < 0:
+            return DONE
+        ist[_REPAIRS] += 1
+        mode = ADMIT if status[v] == RESERVE else RELAX_DOWN
+        status[v] = MOVING
+        code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                    blocked, fs, ist, v, mode, False, max_events)
+        if code != DONE:
+            return code
+    return TOO_MANY_EVENTS
+
+
+@njit
+def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
+           fs, ist, max_events, max_repairs):
+    """Bring the state to rest in canonical form (one crossing per operation).
+
+    Relaxes sign violators (:func:`repair`); asks for a polish (NEED_POLISH) when a rank-one
+    update of this operation used a pivot below POLISH_PIVOT; moves margin coefficients that
+    sit on a bound into that bound's set; with S empty puts rho at the midpoint of its optimal
+    interval (what a fresh solve reports).
+    """
+    code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                  blocked, fs, ist, max_events, max_repairs)
+    if code != DONE:
+        return code
+    if fs[3] < POLISH_PIVOT:
+        return NEED_POLISH
+    snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist)
+    if ist[_M] == 0 and ist[_N] > 0:
+        recenter_rho(alpha, grad, status, fs, ist[_N])
+    return DONE
+
+
+@njit
+def snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist):
+    """At rest, a margin coefficient within rounding of a bound joins that bound's set."""
+    C = fs[1]
+    p = 0
+    while p < ist[_M]:
+        j = S[p]
+        if j != ist[_ANCHOR] and alpha[j] >= C * (1.0 - BOUND_SNAP):
+            _leave(j, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
+        elif alpha[j] <= C * BOUND_SNAP:
+            _leave(j, RESERVE, alpha, grad, status, spos, S, KSt, R, fs, ist)
+        else:
+            p += 1
+
+
+@njit
+def recenter_rho(alpha, grad, status, fs, n):
+    """With S empty, move rho to the midpoint of its optimal interval (libsvm's convention).
+
+    rho is optimal anywhere in [max_{R} (rho - g_i), min_{E} (rho - g_i)]; every gradient
+    shifts by the change.
+    """
+    rho = fs[0]
+    lo = -np.inf
+    hi = np.inf
+    for i in range(n):
+        h = rho - grad[i]
+        if status[i] == RESERVE:
+            if h > lo:
+                lo = h
+        elif status[i] == ERROR:
+            if h < hi:
+                hi = h
+    if lo == -np.inf and hi == np.inf:
+        return
+    if lo == -np.inf:
+        new = hi
+    elif hi == np.inf:
+        new = lo
+    else:
+        new = 0.5 * (lo + hi)
+    shift = new - rho
+    fs[0] = new
+    for i in range(n):
+        grad[i] += shift
+
+
+@njit
+def _support(Xt, alpha, n, anchor):
+    """Keys (as columns) and coefficients of the slots with a != 0, anchor excluded."""
+    count = 0
+    for j in range(n):
+        if alpha[j] != 0.0 and j != anchor:
+            count += 1
+    keys = np.empty((Xt.shape[0], count))
+    coef = np.empty(count)
+    q = 0
+    for j in range(n):
+        if alpha[j] != 0.0 and j != anchor:
+            keys[:, q] = Xt[:, j]
+            coef[q] = alpha[j]
+            q += 1
+    return keys, coef
+
+
+@njit
+def _weighted_kernel_sums(keys, coef, points, inv_sigma2, out):
+    """out[r] = sum_q coef[q] k(points[:, r], keys[:, q]) (points as columns)."""
+    row = np.empty(keys.shape[1])
+    for r in range(points.shape[1]):
+        rbf_row(keys, keys.shape[1], points[:, r], inv_sigma2, row)
+        s = 0.0
+        for q in range(keys.shape[1]):
+            s += coef[q] * row[q]
+        out[r] = s
+
+
+@njit
+def fresh_gradients(Xt, alpha, n, anchor, inv_sigma2, rho, out):
+    """out[i] = 2 sum_j a_j k(x_i, x_j) - 1 + rho from the keys (O(n |support| d))."""
+    keys, coef = _support(Xt, alpha, n, anchor)
+    _weighted_kernel_sums(keys, coef, Xt[:, :n], inv_sigma2, out)
+    if anchor >= 0:
+        out[anchor] = alpha[anchor]  # k(anchor, x) = 0, k(anchor, anchor) = 1
+    for i in range(n):
+        out[i] = 2.0 * out[i] - 1.0 + rho
+
+
+@njit
+def decision(Qt, Xt, alpha, n, anchor, inv_sigma2, rho, out):
+    """f(q) = 2 sum_i a_i k(q, x_i) - 1 + rho for each column of Qt (anchor contributes 0)."""
+    keys, coef = _support(Xt, alpha, n, anchor)
+    _weighted_kernel_sums(keys, coef, Qt, inv_sigma2, out)
+    for r in range(Qt.shape[1]):
+        out[r] = 2.0 * out[r] - 1.0 + rho
+
+
+@njit
+def delete_slot(p, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, ist):
+    """Remove slot p (not a margin point) by moving the last slot into it.
+
+    Returns the slot that moved into p, or -1 when p was the last slot.
+    """
+    n = ist[_N]
+    last = n - 1
+    if ist[_ANCHOR] == p:
+        ist[_ANCHOR] = -1
+    ist[_N] = last
+    if p == last:
+        return -1
+    for k in range(Xt.shape[0]):
+        Xt[k, p] = Xt[k, last]
+    ids[p] = ids[last]
+    alpha[p] = alpha[last]
+    grad[p] = grad[last]
+    status[p] = status[last]
+    spos[p] = spos[last]
+    blocked[p] = blocked[last]
+    if spos[p] >= 0:
+        S[spos[p]] = p
+    for q in range(ist[_M]):
+        KSt[q, p] = KSt[q, last]
+    if ist[_ANCHOR] == last:
+        ist[_ANCHOR] = p
+    return last
+
+
+@njit
+def insert_slot(x, new_id, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, kc, fs, ist,
+                is_anchor):
+    """Append a slot for key x (or the anchor) with a = 0, status MOVING; fill its kernel
+    column (into kc), its entries of K[:, S], and its gradient g = 2 (K a) - 1 + rho."""
+    n = ist[_N]
+    p = n
+    for k in range(Xt.shape[0]):
+        Xt[k, p] = x[k]
+    ids[p] = new_id
+    alpha[p] = 0.0
+    status[p] = MOVING
+    spos[p] = -1
+    blocked[p] = -1
+    ist[_N] = n + 1
+    if is_anchor:
+        ist[_ANCHOR] = p
+    kernel_column(Xt, n + 1, p, ist[_ANCHOR], fs[2], kc)
+    for q in range(ist[_M]):
+        KSt[q, p] = kc[S[q]]
+    s = 0.0
+    for j in range(n):
+        s += alpha[j] * kc[j]
+    grad[p] = 2.0 * s - 1.0 + fs[0]
+    return p
