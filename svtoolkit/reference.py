@@ -177,6 +177,7 @@ def _polish(K, C, raw, max_repairs):
     """Exact active-set polish starting from the partition read off ``raw``."""
     n = len(raw)
     margin, error, reserve = (list(s) for s in _partition(raw, C))
+    best = None  # the candidate with the smallest KKT residual, for degenerate cycling
     for it in range(max_repairs + 1):
         if margin:
             dep = _most_dependent(_bordered(K, np.array(margin, int)))
@@ -206,6 +207,11 @@ def _polish(K, C, raw, max_repairs):
                 continue
             rho = lo if hi == np.inf else hi if lo == -np.inf else 0.5 * (lo + hi)
         g = _gradient_without_rho(K, alpha) + rho
+        sets = (np.array(sorted(margin), int), np.array(sorted(error), int),
+                np.array(sorted(reserve), int))
+        residual = kkt_residual(K, C, alpha, rho, *sets)
+        if best is None or residual < best[0]:
+            best = (residual, (alpha, rho, sets, it))
         worst, action = 0.0, None
         for i in margin:
             if alpha[i] < 0.0 and -alpha[i] > worst:
@@ -219,14 +225,14 @@ def _polish(K, C, raw, max_repairs):
             if g[i] < -POLISH_SIGN_TOL and -g[i] > worst:
                 worst, action = -g[i], (i, "reserve", "margin")
         if action is None:
-            sets = (np.array(sorted(margin), int), np.array(sorted(error), int),
-                    np.array(sorted(reserve), int))
             return alpha, rho, sets, it
         i, src, dst = action
         groups = {"margin": margin, "error": error, "reserve": reserve}
         groups[src].remove(i)
         groups[dst].append(i)
-    return None
+    # Near duplicates can make the repairs cycle at the level of their first-order gradient
+    # difference; the best candidate met is returned (accepted only below POLISH_ACCEPT_TOL).
+    return best[1] if best is not None else None
 
 
 def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbose=False):

@@ -69,9 +69,12 @@ REPAIR_TOL = 1e-13
 #: At rest, a margin coefficient within BOUND_SNAP * C of a bound is moved to that bound.
 BOUND_SNAP = 1e-12
 #: An operation whose rank-one updates used a pivot (Schur complement) below this ends with a
-#: polish: fresh inverse, coefficients re-solved from the partition, gradients from the keys.
-#: Rounding in a rank-one update grows like eps / pivot; this keeps it below ~1e-10.
-POLISH_PIVOT = 1e-6
+#: polish: fresh inverse, [rho; a_S] re-solved for the partition, gradients from the keys.
+#: Rounding in a step grows like eps / pivot (cancellation in the sensitivities), so below
+#: 1e-5 it could exceed ~1e-12 in f.
+POLISH_PIVOT = 1e-5
+#: ... and so does one whose inverse fails the probe max |R (M 1) - 1| <= PROBE_TOL.
+PROBE_TOL = 1e-11
 
 # ist indices
 _N, _M, _ANCHOR, _EPOCH, _LAST_LEFT, _LAST_JOINED, _EVENTS, _REFUSED = 0, 1, 2, 3, 4, 5, 6, 7
@@ -559,11 +562,12 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
 
 @njit
 def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-           fs, ist, max_events, max_repairs):
+           fs, ist, max_events, max_repairs, polish_allowed):
     """Bring the state to rest in canonical form (one crossing per operation).
 
-    Relaxes sign violators (:func:`repair`); asks for a polish (NEED_POLISH) when a rank-one
-    update of this operation used a pivot below POLISH_PIVOT; moves margin coefficients that
+    Relaxes sign violators (:func:`repair`); asks for a polish (NEED_POLISH, at most once: the
+    caller polishes and calls again with ``polish_allowed=False``) when a rank-one update of
+    this operation used a pivot below POLISH_PIVOT or the inverse fails its probe; moves margin coefficients that
     sit on a bound into that bound's set; with S empty puts rho at the midpoint of its optimal
     interval (what a fresh solve reports).
     """
@@ -571,12 +575,36 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
                   blocked, fs, ist, max_events, max_repairs)
     if code != DONE:
         return code
-    if fs[3] < POLISH_PIVOT:
+    if polish_allowed and (
+        fs[3] < POLISH_PIVOT or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > PROBE_TOL
+    ):
         return NEED_POLISH
     snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist)
     if ist[_M] == 0 and ist[_N] > 0:
         recenter_rho(alpha, grad, status, fs, ist[_N])
     return DONE
+
+
+@njit
+def inverse_probe_residual(R, m, S, KSt, w, z):
+    """max |R (M v) - v| for v = 1: an O(m^2) check that R is still M's inverse."""
+    if m == 0:
+        return 0.0
+    w[0] = m
+    for p in range(m):
+        s = 1.0
+        for q in range(m):
+            s += 2.0 * KSt[q, S[p]]
+        w[p + 1] = s
+    worst = 0.0
+    for i in range(m + 1):
+        s = 0.0
+        for j in range(m + 1):
+            s += R[i, j] * w[j]
+        err = abs(s - 1.0)
+        if err > worst:
+            worst = err
+    return worst
 
 
 @njit

@@ -114,6 +114,7 @@ class IncrementalSVDD:
             raise ValueError(f"audit_every must be >= 0; got {audit_every}")
         self.audit_every = int(audit_every)
         self.max_events = None  # None: 50 n + 1000 events per walk
+        self._rebuilding = False
         self._d = None
         self._next_id = 0
         self._slot_of = {}
@@ -221,7 +222,9 @@ class IncrementalSVDD:
 
     # ------------------------------------------------------------------ the walk
     def _event_limit(self):
-        return self.max_events if self.max_events is not None else 50 * self._n + 1000
+        if self.max_events is None or self._rebuilding:
+            return 50 * self._n + 1000
+        return self.max_events
 
     def _arrays(self):
         return (
@@ -295,10 +298,12 @@ class IncrementalSVDD:
     def _settle(self):
         """Bring the state to rest in canonical form (see ``_walk.settle``)."""
         limit, repairs = self._event_limit(), 10 * self._n + 10
+        polish_allowed = True
         while True:
-            code = W.settle(*self._arrays(), limit, repairs)
+            code = W.settle(*self._arrays(), limit, repairs, polish_allowed)
             if code == W.NEED_POLISH:
                 self._polish()
+                polish_allowed = False
             elif not self._check(code):
                 return
 
@@ -452,8 +457,12 @@ class IncrementalSVDD:
         """Fresh solve of the given keys, keeping their ids (used after a failed walk)."""
         next_id = self._next_id
         self._reset()
-        for key_id, x in zip(ids, keys):
-            self._add_checked(x, int(key_id))
+        self._rebuilding = True  # with the default event limit, not a user override
+        try:
+            for key_id, x in zip(ids, keys):
+                self._add_checked(x, int(key_id))
+        finally:
+            self._rebuilding = False
         self._next_id = next_id
         self.n_rebuilds += 1
 
@@ -770,38 +779,35 @@ class IncrementalSVDD:
     def _polish(self):
         """Re-solve the state of the current partition from scratch.
 
-        Fresh inverse of the bordered matrix, [rho; a_S] from the bordered system with two
-        steps of iterative refinement, gradients from the keys. Used after rank-one updates
-        with small pivots, whose rounding (~eps / pivot) the maintained state inherited.
+        Fresh inverse of the bordered matrix; two Newton steps on [rho; a_S] with the exact
+        residuals of the partition (sum(a) - 1, and the margin gradients 2 K_S. a - 1 + rho
+        from the stored columns K[:, S]); then every gradient from the keys. Used when a
+        step ran on small pivots, whose rounding (~eps / pivot) the maintained state
+        inherited. Cost O(m^3 + n |support| d).
         """
         self._fs[3] = np.inf
-        n, m = self._n, self._m
+        m, n = self._m, self._n
         self.n_polishes += 1
         if m > 0:
             S = self._S[:m]
             M = self._bordered()
             R = np.linalg.inv(M)
             self._R[: m + 1, : m + 1] = R
-            outside = np.ones(n, bool)
-            outside[S] = False
-            rhs = np.empty(m + 1)
-            rhs[0] = 1.0 - self._alpha[:n][outside].sum()
-            rhs[1:] = 1.0 - 2.0 * self._KSt[:m, :n][:, outside] @ self._alpha[:n][outside]
-            u = R @ rhs
+            KS = self._KSt[:m, :n]
+            a = self._alpha[:n]
             for _ in range(2):
-                u += R @ (rhs - M @ u)
-            self._fs[0] = u[0]
-            self._alpha[S] = u[1:]
+                residual = np.empty(m + 1)
+                residual[0] = 1.0 - a.sum()
+                residual[1:] = -(2.0 * (KS @ a) - 1.0 + self._fs[0])
+                du = R @ residual
+                self._fs[0] += du[0]
+                a[S] += du[1:]
         g = self._fresh_gradients()
         g[self._status[:n] == W.MARGIN] = 0.0
         self._grad[:n] = g
 
     def _refactorize(self):
-        """R from a fresh inverse of M; gradients from the keys."""
-        m, n = self._m, self._n
-        if m > 0:
-            self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
-        g = self._fresh_gradients()
-        g[self._status[:n] == W.MARGIN] = 0.0
-        self._grad[:n] = g
+        """After a failed audit: polish, then restore the canonical resting state."""
+        self._polish()
+        self._settle()
         self.n_refactorizations += 1

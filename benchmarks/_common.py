@@ -1,0 +1,87 @@
+"""Shared helpers for the benchmarks: machine description, timing statistics, JSON output."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine_info(packages=("numpy", "numba", "scipy", "cvxpy", "clarabel", "scikit-learn",
+                           "torch", "mlx")):
+    """CPU model, core count, Python and package versions."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {}
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def timed(fn, *args, **kwargs):
+    """(result, seconds) of one call with the garbage collector paused."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        return out, time.perf_counter() - t0
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def stats(seconds):
+    """Median, min, max and count of a list of durations (seconds), or None when empty."""
+    if not len(seconds):
+        return None
+    arr = np.asarray(seconds, dtype=float)
+    return {"median": float(np.median(arr)), "min": float(arr.min()),
+            "max": float(arr.max()), "count": int(arr.size)}
+
+
+def write_json(name, payload):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def write_text(name, text):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(text)
+    return path
+
+
+def fmt_us(seconds):
+    return "—" if seconds is None else f"{seconds * 1e6:,.1f}"
+
+
+def fmt_ms(seconds):
+    return "—" if seconds is None else f"{seconds * 1e3:,.2f}"

@@ -1,0 +1,226 @@
+"""Exact solver: deletion and addition latency against refitting, with the answer checked.
+
+For n in {120, 256, 512, 1024}: d = 6 Gaussian keys, sigma = median pairwise distance,
+nu = 0.4, C = 1 / (nu n) fixed. In one run:
+
+* svtoolkit's exact deletion, split by the victim's class (reserve, margin, error), and its
+  exact addition (each timed alone, garbage collector paused; n is kept fixed by an untimed
+  re-add / removal after each timed operation);
+* the refit alternatives on the retained keys after the first deletions: cvxpy + CLARABEL
+  (Gram matrix, problem construction and solve; tolerances 1e-12), scikit-learn OneClassSVM
+  (libsvm, tol 1e-9, nu = 1 / (C n) - the same C), and svtoolkit's own from-scratch build;
+* each deletion's max |Delta f| against an exact refit (the polished QP reference) over the
+  retained keys, the deleted key, 64 fresh points and 32 jittered keys - so every timed
+  deletion is a correct one; the scikit-learn refit's own |Delta f| (mapped to the SVDD scale,
+  f_svdd = 2 / (nu n) f_sklearn) is reported beside it.
+
+JIT compilation is excluded (svtoolkit.warmup() and one untimed call of each peer first).
+
+Usage: python benchmarks/exact_solver.py [--sizes 120 256 512 1024] [--deletions 45]
+       [--refits 10]
+Writes benchmarks/results/exact_solver.json and exact_solver.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fmt_ms, fmt_us, machine_info, stats, timed, write_json, write_text  # noqa: E402
+
+import svtoolkit  # noqa: E402
+from svtoolkit import IncrementalSVDD, rbf_kernel  # noqa: E402
+from svtoolkit.reference import decision_function, solve_svdd  # noqa: E402
+
+D = 6
+NU = 0.4
+
+
+def median_distance(X):
+    diff = X[:, None, :] - X[None, :, :]
+    dist = np.sqrt((diff**2).sum(-1))
+    return float(np.median(dist[np.triu_indices(len(X), 1)]))
+
+
+def sklearn_refit(keys, C, sigma):
+    from sklearn.svm import OneClassSVM
+
+    n = len(keys)
+    model = OneClassSVM(kernel="rbf", gamma=1.0 / sigma**2, nu=min(1.0, 1.0 / (C * n)),
+                        tol=1e-9)
+    model.fit(keys)
+    return model
+
+
+def sklearn_decision(model, C, n, Q):
+    # nu-OCSVM -> SVDD with k(x, x) = 1: f_svdd = 2 / (nu n) f_sklearn = 2 C f_sklearn
+    return 2.0 * C * model.decision_function(Q)
+
+
+def cvxpy_refit(keys, C, sigma):
+    return solve_svdd(rbf_kernel(keys, sigma=sigma), C, polish=False)
+
+
+def probe_points(rng, keys, victim_key):
+    return np.vstack([keys, victim_key[None, :], rng.standard_normal((64, D)),
+                      keys[rng.choice(len(keys), 32)] + 0.05 * rng.standard_normal((32, D))])
+
+
+def victim_class(solver, victim):
+    if victim in set(solver.reserve_ids):
+        return "reserve"
+    if victim in set(solver.margin_ids):
+        return "margin"
+    return "error"
+
+
+def pick_victim(solver, rng, wanted):
+    pools = {"reserve": solver.reserve_ids, "margin": solver.margin_ids,
+             "error": solver.error_ids}
+    pool = pools[wanted]
+    if not len(pool):
+        pool = solver.ids
+    return int(pool[rng.integers(len(pool))])
+
+
+def run_size(n, n_deletions, n_refits, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, D))
+    sigma = median_distance(X)
+    C = 1.0 / (NU * n)
+    solver, t_build = timed(lambda: _build(X, C, sigma))
+    deletions = {"reserve": [], "margin": [], "error": []}
+    deviations, sk_deviations = [], []
+    refit = {"cvxpy_clarabel": [], "sklearn": [], "svtoolkit_build": []}
+    classes = ["margin", "error", "reserve"]
+    for trial in range(n_deletions):
+        victim = pick_victim(solver, rng, classes[trial % 3])
+        cls = victim_class(solver, victim)
+        victim_key = solver.keys[list(solver.ids).index(victim)]
+        _, dt = timed(solver.remove, victim)
+        deletions[cls].append(dt)
+        if trial < n_refits:
+            keys = solver.keys
+            ref = solve_svdd(rbf_kernel(keys, sigma=sigma), C)
+            Q = probe_points(rng, keys, victim_key)
+            f_ref = decision_function(keys, ref.alpha, ref.rho, Q, sigma=sigma)
+            deviations.append(float(np.max(np.abs(solver.decision_function(Q) - f_ref))))
+            _, t_cvx = timed(cvxpy_refit, keys, C, sigma)
+            model, t_sk = timed(sklearn_refit, keys, C, sigma)
+            _, t_own = timed(_build, keys, C, sigma)
+            refit["cvxpy_clarabel"].append(t_cvx)
+            refit["sklearn"].append(t_sk)
+            refit["svtoolkit_build"].append(t_own)
+            f_sk = sklearn_decision(model, C, len(keys), Q)
+            sk_deviations.append(float(np.max(np.abs(f_sk - f_ref))))
+        solver.add(rng.standard_normal(D))  # untimed: keep n fixed
+    adds = {"to_reserve": [], "to_support": []}
+    for _ in range(30):
+        x = rng.standard_normal(D) * (1.0 + rng.random())
+        new_id, dt = timed(solver.add, x)
+        where = "to_reserve" if new_id in set(solver.reserve_ids) else "to_support"
+        adds[where].append(dt)
+        solver.remove(int(solver.ids[rng.integers(len(solver))]))  # untimed
+    active = deletions["margin"] + deletions["error"]
+    med_active = float(np.median(active))
+    result = {
+        "n": n, "C": C, "sigma": sigma, "seed": seed,
+        "partition": {"margin": len(solver.margin_ids), "error": len(solver.error_ids),
+                      "reserve": len(solver.reserve_ids)},
+        "build_seconds": t_build,
+        "delete": {k: stats(v) for k, v in deletions.items()},
+        "delete_active": stats(active),
+        "add": {k: stats(v) for k, v in adds.items()},
+        "add_all": stats(adds["to_reserve"] + adds["to_support"]),
+        "refit": {k: stats(v) for k, v in refit.items()},
+        "ratio_refit_over_active_delete": {
+            k: float(np.median(v)) / med_active for k, v in refit.items()
+        },
+        "delete_max_abs_df_vs_exact_refit": {"median": float(np.median(deviations)),
+                                              "max": float(np.max(deviations))},
+        "sklearn_refit_max_abs_df_vs_exact_refit": {"median": float(np.median(sk_deviations)),
+                                                     "max": float(np.max(sk_deviations))},
+        "final_kkt_residual": solver.kkt_residual(),
+        "events": solver.n_events,
+        "polishes": solver.n_polishes,
+    }
+    return result
+
+
+def _build(X, C, sigma):
+    s = IncrementalSVDD(C, sigma)
+    s.extend(X)
+    return s
+
+
+def warm_up():
+    svtoolkit.warmup()
+    X = np.random.default_rng(0).standard_normal((40, D))
+    cvxpy_refit(X, 0.1, 2.0)
+    sklearn_refit(X, 0.1, 2.0)
+    solve_svdd(rbf_kernel(X, sigma=2.0), 0.1)
+
+
+def table(results):
+    lines = [
+        "| n | partition S/E/R | delete reserve µs | delete margin µs | delete error µs "
+        "| add µs | sklearn refit ms | cvxpy refit ms | own build ms | sklearn / delete "
+        "| cvxpy / delete | max \\|Δf\\| delete vs exact refit | max \\|Δf\\| sklearn refit |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        d = r["delete"]
+        cell = {k: (f"{fmt_us(d[k]['median'])} ({d[k]['count']})" if d[k] else "—")
+                for k in d}
+        p = r["partition"]
+        ratio = r["ratio_refit_over_active_delete"]
+        lines.append(
+            f"| {r['n']} | {p['margin']}/{p['error']}/{p['reserve']} | {cell['reserve']} "
+            f"| {cell['margin']} | {cell['error']} | {fmt_us(r['add_all']['median'])} "
+            f"| {fmt_ms(r['refit']['sklearn']['median'])} "
+            f"| {fmt_ms(r['refit']['cvxpy_clarabel']['median'])} "
+            f"| {fmt_ms(r['refit']['svtoolkit_build']['median'])} "
+            f"| {ratio['sklearn']:,.0f}× | {ratio['cvxpy_clarabel']:,.0f}× "
+            f"| {r['delete_max_abs_df_vs_exact_refit']['max']:.1e} "
+            f"| {r['sklearn_refit_max_abs_df_vs_exact_refit']['max']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[120, 256, 512, 1024])
+    parser.add_argument("--deletions", type=int, default=45)
+    parser.add_argument("--refits", type=int, default=10)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*Solution may be inaccurate.*")
+    warm_up()
+    results = []
+    for n in args.sizes:
+        r = run_size(n, args.deletions, args.refits, seed=n)
+        results.append(r)
+        print(f"n={n}: active delete median {fmt_us(r['delete_active']['median'])} µs, "
+              f"sklearn/delete {r['ratio_refit_over_active_delete']['sklearn']:.0f}×, "
+              f"cvxpy/delete {r['ratio_refit_over_active_delete']['cvxpy_clarabel']:.0f}×",
+              flush=True)
+    payload = {"benchmark": "exact_solver", "machine": machine_info(),
+               "setup": {"d": D, "nu": NU, "sigma": "median pairwise distance",
+                         "C": "1 / (nu n), fixed", "deletions_per_size": args.deletions,
+                         "refits_per_size": args.refits,
+                         "timing": "perf_counter, gc paused, medians (min/max in JSON); "
+                                   "JIT compile excluded"},
+               "results": results}
+    path = write_json("exact_solver", payload)
+    md = table(results)
+    write_text("exact_solver.md", md + "\n")
+    print(md)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,592 @@
+"""The exact incremental/decremental SVDD solver against independent references.
+
+Tolerance table (one per comparison class; DESIGN.md §5):
+
+=============================  ========  =====================================================
+comparison                     tol       why
+=============================  ========  =====================================================
+objective vs QP reference      1e-9 rel  issue 2; the polished reference is exact to rounding
+f vs QP reference              1e-8      issue 2, well-separated keys
+f vs reference, near dups      1e-6      f is determined only to O(C |grad k| delta) when keys
+                                         are delta = 1e-7 apart (the optimum is flat along the
+                                         split of weight between twins); objective still 1e-9
+KKT (value-based, naive)       1e-9      certificate of optimality of a convex QP
+f vs brute-force enumeration   1e-10     tiny problems, exact partition
+round trip (ids, alpha, rho)   1e-12     issue 2
+reserve eviction (f change)    1e-12     issue 2
+=============================  ========  =====================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import naive
+from svtoolkit import IncrementalSVDD, SolverFailure, rbf_kernel
+from svtoolkit.exact import _walk as W
+from svtoolkit.reference import decision_function, objective, solve_svdd
+
+TOL_OBJ = 1e-9
+TOL_F = 1e-8
+TOL_F_NEARDUP = 1e-6
+TOL_KKT = 1e-9
+
+
+def reference_for(solver):
+    K = rbf_kernel(solver.keys, sigma=solver.sigma)
+    ref = solve_svdd(K, solver.C)
+    if not ref.polished:
+        ref = solve_svdd(K, solver.C, solver="OSQP")
+    assert ref.polished, ref.message
+    return K, ref
+
+
+def probes(solver, rng, extra=8):
+    keys = solver.keys
+    d = keys.shape[1]
+    return np.vstack(
+        [keys, keys + 0.05 * rng.standard_normal(keys.shape), rng.standard_normal((extra, d))]
+    )
+
+
+def compare_with_reference(solver, rng, tol_f=TOL_F):
+    """Objective, value-based KKT and decision function against the polished QP reference."""
+    K, ref = reference_for(solver)
+    a = solver.alpha
+    assert abs(objective(K, a) - ref.objective) <= TOL_OBJ * max(1.0, abs(ref.objective))
+    assert naive.kkt_violation(K, solver.C, a, solver.rho) <= TOL_KKT
+    P = probes(solver, rng)
+    f_ref = decision_function(solver.keys, ref.alpha, ref.rho, P, sigma=solver.sigma)
+    assert np.max(np.abs(solver.decision_function(P) - f_ref)) <= tol_f
+    return ref
+
+
+def state_arrays(solver):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v)
+            for k, v in solver.state_dict().items()}
+
+
+def assert_same_state(before, after):
+    assert before.keys() == after.keys()
+    for key in before:
+        if isinstance(before[key], np.ndarray):
+            assert np.array_equal(before[key], after[key]), key
+        else:
+            assert before[key] == after[key], key
+
+
+# ------------------------------------------------------------------------------- kernels
+def test_rbf_kernel_matches_naive_double_loop():
+    # exp amplifies the last-bit rounding of its argument by |argument|: 1e-12 relative covers
+    # arguments down to about -30 (kernel values of 1e-13), far past anything that matters
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((9, 3)), rng.standard_normal((5, 3))
+    np.testing.assert_allclose(rbf_kernel(X, Y, sigma=1.3), naive.rbf(X, Y, 1.3),
+                               rtol=1e-12, atol=1e-300)
+    K = rbf_kernel(X, sigma=0.7)
+    np.testing.assert_allclose(K, naive.rbf(X, X, 0.7), rtol=1e-12, atol=1e-300)
+    assert np.array_equal(K, K.T) and np.all(np.diag(K) == 1.0)
+
+
+def test_vectorised_exp_within_one_ulp_of_numpy():
+    from svtoolkit.kernels import exp_nonpositive_inplace
+
+    x = -np.concatenate([np.linspace(0, 745, 200001), [0.0, 1e-300, 707.9, 708.0, 708.5, 1e4]])
+    v = x.copy()
+    exp_nonpositive_inplace(v, len(v))
+    ref = np.exp(x)
+    normal = ref > 3.4e-308
+    assert np.all(np.abs(v[normal] - ref[normal]) <= np.spacing(ref[normal]))
+    assert np.all(v[~normal] == 0.0) and v[0] == 1.0
+
+
+def test_rbf_kernel_keeps_near_duplicates_distinct():
+    x = np.array([[0.3, -0.2]])
+    K = rbf_kernel(np.vstack([x, x + 1e-7]), sigma=1.0)
+    assert K[0, 1] < 1.0
+
+
+def test_rbf_kernel_rejects_bad_input():
+    with pytest.raises(ValueError, match="sigma must be finite and > 0"):
+        rbf_kernel(np.zeros((2, 2)), sigma=0.0)
+    with pytest.raises(ValueError, match="same number of features"):
+        rbf_kernel(np.zeros((2, 2)), np.zeros((2, 3)), sigma=1.0)
+    with pytest.raises(ValueError, match="X contains NaN"):
+        rbf_kernel(np.array([[np.nan, 0.0]]), sigma=1.0)
+    with pytest.raises(ValueError, match="X must be 2-D"):
+        rbf_kernel(np.zeros(3), sigma=1.0)
+    with pytest.raises(TypeError, match="X must be numeric"):
+        rbf_kernel([["a", "b"]], sigma=1.0)
+
+
+# ------------------------------------------------------------------------------- construction
+@pytest.mark.parametrize(
+    "args, exc, msg",
+    [
+        ((0.0, 1.0), ValueError, "C must be finite and > 0"),
+        ((-1.0, 1.0), ValueError, "C must be finite and > 0"),
+        ((np.nan, 1.0), ValueError, "C must be finite and > 0"),
+        ((0.1, 0.0), ValueError, "sigma must be finite and > 0"),
+        ((0.1, np.inf), ValueError, "sigma must be finite and > 0"),
+        ((True, 1.0), TypeError, "C must be a real number"),
+        (("0.1", 1.0), TypeError, "C must be a real number"),
+    ],
+)
+def test_constructor_rejects_bad_hyperparameters(args, exc, msg):
+    with pytest.raises(exc, match=msg):
+        IncrementalSVDD(*args)
+
+
+def test_from_nu_computes_C_once():
+    s = IncrementalSVDD.from_nu(0.5, 45, 1.5)
+    assert s.C == 1.0 / (0.5 * 45)
+    s.extend(np.random.default_rng(0).standard_normal((60, 2)))
+    assert s.C == 1.0 / (0.5 * 45)
+    with pytest.raises(ValueError, match=r"nu must be in \(0, 1\]"):
+        IncrementalSVDD.from_nu(1.5, 10, 1.0)
+    with pytest.raises(ValueError, match="n0 must be an integer >= 1"):
+        IncrementalSVDD.from_nu(0.5, 0, 1.0)
+
+
+# ------------------------------------------------------------------------------- streams
+def test_stream_matches_reference_after_every_admission():
+    rng = np.random.default_rng(45)
+    X = rng.standard_normal((45, 4))
+    s = IncrementalSVDD.from_nu(0.5, 45, 1.5)
+    for i, x in enumerate(X):
+        s.add(x)
+        assert s.certified == ((i + 1) * s.C >= 1 - 1e-12)
+        if s.certified:
+            ref = compare_with_reference(s, rng, tol_f=1e-12)
+            assert set(s.margin_ids) == set(s.ids[ref.margin])
+            assert set(s.error_ids) == set(s.ids[ref.error])
+
+
+# (d, sigma, C, near-duplicate spacing or None): duplicates, near duplicates at 1e-7, d = 1,
+# very small and very large sigma, C near 1/n, C >= 1.
+REPLAYS = {
+    "gaussian": (4, 1.5, 0.08, None),
+    "d1": (1, 1.0, 0.1, None),
+    "small_sigma": (2, 0.05, 0.1, None),
+    "large_sigma": (2, 50.0, 0.1, None),
+    "C_near_1_over_n": (4, 1.0, 1.0 / 19.5, None),
+    "C_above_1": (3, 1.0, 1.5, None),
+    "duplicates": (3, 1.0, 0.1, 0.0),
+    "near_duplicates_1e-7": (3, 1.0, 0.1, 1e-7),
+    "near_duplicates_1e-7_d1": (1, 1.0, 0.1, 1e-7),
+}
+
+
+def replay(name, seed, n_ops, *, check=True, n_range=(6, 26)):
+    """Random add/remove sequence; compares with a fresh reference solve after every step."""
+    d, sigma, C, spacing = REPLAYS[name]
+    rng = np.random.default_rng(seed)
+    s = IncrementalSVDD(C, sigma, audit_every=50)
+    lo, hi = n_range
+    near = spacing is not None and spacing > 0
+    for _ in range(n_ops):
+        n = len(s)
+        if n < lo or (n < hi and rng.random() < 0.55):
+            if spacing is not None and n and rng.random() < 0.3:
+                x = s.keys[rng.integers(n)] + spacing * rng.standard_normal(d)
+            else:
+                x = rng.standard_normal(d)
+            s.add(x)
+        else:
+            s.remove(s.ids[rng.integers(n)])
+        a = s.alpha
+        assert np.all(a >= 0.0) and np.all(a <= s.C)  # no coefficient ever leaves the box
+        if check and s.certified:
+            compare_with_reference(s, rng, tol_f=TOL_F_NEARDUP if near else TOL_F)
+    return s
+
+
+@pytest.mark.parametrize("name", sorted(REPLAYS))
+def test_random_add_remove_replay_matches_reference_every_step(name):
+    replay(name, seed=sorted(REPLAYS).index(name), n_ops=70)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REPLAYS))
+@pytest.mark.parametrize("seed", range(10, 16))
+def test_long_replays_match_reference(name, seed):
+    replay(name, seed=seed, n_ops=250)
+
+
+# ------------------------------------------------------------------------------- brute force
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(2, 6),
+    st.integers(0, 10_000),
+    st.sampled_from([0.5, 1.0, 2.5]),
+    st.floats(0.0, 1.0),
+    st.booleans(),
+)
+def test_tiny_problems_match_enumeration_of_all_partitions(n, seed, sigma, c_frac, dups):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 2))
+    if dups:
+        X[-1] = X[0]
+    C = 1.0 / n + c_frac * (1.2 - 1.0 / n)
+    s = IncrementalSVDD(C, sigma)
+    s.extend(X)
+    K = naive.rbf(X, X, sigma)
+    best = naive.enumerate_svdd(K, C)
+    assert best is not None
+    obj, a_ref, rho_ref = best
+    assert abs(naive.objective(K, s.alpha) - obj) <= 1e-12
+    assert naive.kkt_violation(K, C, s.alpha, s.rho) <= 1e-12
+    Q = np.vstack([X, rng.standard_normal((5, 2))])
+    f_ref = naive.decision(X, a_ref, rho_ref, Q, sigma)
+    assert np.max(np.abs(s.decision_function(Q) - f_ref)) <= 1e-10
+    # removing any key leaves the optimum of the rest (or warm-up below feasibility)
+    victim = int(rng.integers(n))
+    s.remove(s.ids[victim])
+    keep = np.delete(np.arange(n), victim)
+    if (n - 1) * C >= 1 - 1e-12:
+        best = naive.enumerate_svdd(K[np.ix_(keep, keep)], C)
+        assert abs(naive.objective(K[np.ix_(keep, keep)], s.alpha) - best[0]) <= 1e-12
+    else:
+        assert not s.certified
+
+
+# ------------------------------------------------------------------------------- exactness
+def test_decrement_equals_fresh_build_with_same_C():
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for trial in range(20):
+        X = rng.standard_normal((50, 6))
+        s = IncrementalSVDD.from_nu(0.5, 50, 2.5)
+        ids = s.extend(X)
+        victims = rng.choice(ids, size=2, replace=False)
+        for v in victims:
+            s.remove(v)
+        fresh = IncrementalSVDD(s.C, s.sigma)
+        fresh.extend(X[np.setdiff1d(np.arange(50), victims)])
+        assert set(s.margin_ids) == set(s.ids[np.isin(fresh.ids, fresh.margin_ids)])
+        P = np.vstack([X, X + 0.05 * rng.standard_normal(X.shape)])
+        worst = max(worst, np.max(np.abs(s.decision_function(P) - fresh.decision_function(P))))
+    assert worst <= 1e-12
+
+
+def test_round_trip_restores_state():
+    rng = np.random.default_rng(3)
+    s = IncrementalSVDD.from_nu(0.5, 30, 1.5)
+    s.extend(rng.standard_normal((30, 3)))
+    ids0, alpha0, rho0 = s.ids, s.alpha, s.rho
+    for _ in range(10):
+        new = s.add(rng.standard_normal(3))
+        s.remove(new)
+        assert np.array_equal(s.ids, ids0)
+        np.testing.assert_allclose(s.alpha, alpha0, rtol=0, atol=1e-12)
+        assert abs(s.rho - rho0) <= 1e-12
+
+
+def test_reserve_eviction_changes_nothing():
+    rng = np.random.default_rng(11)
+    s = IncrementalSVDD.from_nu(0.3, 80, 1.5)
+    s.extend(rng.standard_normal((80, 3)))
+    reserve = s.reserve_ids
+    assert len(reserve) > 10
+    support = ~np.isin(s.ids, reserve)
+    alpha_support, rho = s.alpha[support], s.rho
+    P = rng.standard_normal((100, 3))
+    f0 = s.decision_function(P)
+    evicted = s.evict_reserve()
+    assert np.array_equal(evicted, reserve)
+    assert len(s.reserve_ids) == 0 and s.certified
+    np.testing.assert_array_equal(s.alpha, alpha_support)
+    assert s.rho == rho
+    assert np.max(np.abs(s.decision_function(P) - f0)) <= 1e-12
+    assert s.kkt_residual() <= 1e-12
+
+
+# ------------------------------------------------------------------------------- degenerate cases
+def _empty_margin_problem():
+    """Gaussian keys whose optimum has an empty margin set (1 / C = 8 is a whole number)."""
+    for seed in range(100):
+        X = np.random.default_rng(seed).standard_normal((16, 2))
+        s = IncrementalSVDD(1.0 / 8.0, 2.0)
+        s.extend(X)
+        if len(s.margin_ids) == 0:
+            return X, s
+    raise AssertionError("no empty-margin example among 100 seeds")
+
+
+def test_empty_margin_set_at_rest_reports_midpoint_rho():
+    X, s = _empty_margin_problem()
+    K = rbf_kernel(X, sigma=s.sigma)
+    ref = solve_svdd(K, s.C)
+    assert ref.polished and len(ref.margin) == 0
+    assert abs(s.rho - ref.rho) <= 1e-12
+    np.testing.assert_allclose(s.alpha, ref.alpha, atol=1e-15)
+
+
+def test_decrement_and_increment_from_an_empty_margin_set():
+    rng = np.random.default_rng(5)
+    X, s = _empty_margin_problem()
+    for victim in list(s.error_ids[:2]) + list(s.reserve_ids[:2]):
+        t = s.copy()
+        t.remove(victim)  # error victim: rho-only move down; reserve: direct removal
+        if t.certified:
+            compare_with_reference(t, rng, tol_f=1e-12)
+    t = s.copy()
+    t.add(rng.standard_normal(2))  # rho-only move up first
+    compare_with_reference(t, rng, tol_f=1e-12)
+
+
+def test_margin_set_empties_during_a_decrement():
+    rng = np.random.default_rng(0)
+    hits = 0
+    for seed in range(60):
+        X = np.random.default_rng(seed).standard_normal((14, 2))
+        s = IncrementalSVDD(1.0 / 6.5, 3.0)
+        s.extend(X)
+        if len(s.margin_ids) == 1:
+            s.remove(s.margin_ids[0])  # the only margin point leaves first: S is empty
+            if s.certified:
+                compare_with_reference(s, rng, tol_f=1e-12)
+            hits += 1
+    assert hits >= 3
+
+
+def test_exact_duplicates_and_ties():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((12, 3))
+    X = np.vstack([X, X[:4], X[:4]])  # every one of the first four keys three times
+    s = IncrementalSVDD(0.1, 1.2)
+    ids = s.extend(X[rng.permutation(len(X))])
+    compare_with_reference(s, rng, tol_f=1e-10)
+    for v in rng.choice(ids, 6, replace=False):
+        s.remove(v)
+        compare_with_reference(s, rng, tol_f=1e-10)
+
+
+@pytest.mark.parametrize("spacing", [1e-9, 1e-7, 1e-5, 1e-3])
+def test_near_duplicate_clusters_stay_exact(spacing):
+    rng = np.random.default_rng(int(-np.log10(spacing)))
+    centers = rng.standard_normal((5, 3))
+    X = np.repeat(centers, 6, axis=0) + spacing * rng.standard_normal((30, 3))
+    s = IncrementalSVDD(0.08, 1.0)
+    ids = s.extend(X)
+    compare_with_reference(s, rng, tol_f=TOL_F_NEARDUP)
+    for v in rng.choice(ids, 8, replace=False):
+        s.remove(v)
+        compare_with_reference(s, rng, tol_f=TOL_F_NEARDUP)
+    audit = s.audit()
+    assert audit["inverse_residual"] <= 1e-8 and audit["grad_drift"] <= 1e-10
+
+
+def test_warmup_and_fallback_below_feasibility():
+    rng = np.random.default_rng(4)
+    s = IncrementalSVDD(0.2, 1.0)  # feasible from 5 keys on
+    ids = [s.add(x) for x in rng.standard_normal((4, 2))]
+    assert not s.certified and s.warmup_mass > 0
+    assert abs(s.alpha.sum() + s.warmup_mass - 1.0) <= 1e-14
+    assert s.kkt_residual() <= 1e-12  # optimum of the anchored problem
+    ids.append(s.add(rng.standard_normal(2)))
+    assert s.certified and s.warmup_mass == 0.0
+    s.remove(ids[0])  # deletion is never refused: back to warm-up
+    assert not s.certified and len(s) == 4 and s.kkt_residual() <= 1e-12
+    for i in ids[1:]:
+        s.remove(i)
+    assert len(s) == 0 and not s.certified
+    s.add(rng.standard_normal(2))
+    assert len(s) == 1
+
+
+def test_C_at_least_one_single_key_takes_all_mass():
+    s = IncrementalSVDD(1.0, 1.0)
+    s.add([0.0, 1.0])
+    assert s.certified and s.alpha[0] == 1.0
+
+
+def test_n_times_C_exactly_one():
+    rng = np.random.default_rng(9)
+    s = IncrementalSVDD(0.25, 1.0)
+    s.extend(rng.standard_normal((4, 2)))
+    assert s.certified
+    np.testing.assert_array_equal(s.alpha, np.full(4, 0.25))
+
+
+def test_audit_detects_and_repairs_a_corrupted_inverse():
+    rng = np.random.default_rng(8)
+    s = IncrementalSVDD.from_nu(0.3, 60, 1.0)
+    s.extend(rng.standard_normal((60, 3)))
+    assert s.audit()["refactorized"] is False
+    m = s._m
+    s._R[: m + 1, : m + 1] *= 1.0 + 1e-6  # simulated drift
+    report = s.audit()
+    assert report["refactorized"] and report["inverse_residual"] > 1e-8
+    assert s.audit()["inverse_residual"] <= 1e-12
+    s.remove(s.margin_ids[0])
+    compare_with_reference(s, rng)
+
+
+def test_long_random_sequence_has_no_drift():
+    rng = np.random.default_rng(21)
+    s = IncrementalSVDD(0.02, 1.5, audit_every=0)
+    s.extend(rng.standard_normal((80, 4)))
+    for _ in range(1500):
+        if rng.random() < 0.5 and len(s) > 60:
+            s.remove(s.ids[rng.integers(len(s))])
+        else:
+            s.add(rng.standard_normal(4))
+    report = s.audit()
+    assert report["grad_drift"] <= 1e-12 and report["inverse_residual"] <= 1e-12
+    assert report["refactorized"] is False
+
+
+# ------------------------------------------------------------------------------- bad input
+def _filled():
+    s = IncrementalSVDD.from_nu(0.5, 20, 1.0)
+    s.extend(np.random.default_rng(1).standard_normal((20, 3)))
+    return s
+
+
+@pytest.mark.parametrize(
+    "bad, exc, msg",
+    [
+        ([np.nan, 0.0, 0.0], ValueError, "x contains NaN"),
+        ([np.inf, 0.0, 0.0], ValueError, "x contains inf"),
+        ([0.0, 0.0], ValueError, "x has dimension 2, expected 3"),
+        ([[0.0, 0.0, 0.0]], ValueError, "x must be 1-D"),
+        (["a", "b", "c"], TypeError, "x must be numeric"),
+        (None, TypeError, "x must be numeric"),
+    ],
+)
+def test_bad_keys_are_refused_and_change_nothing(bad, exc, msg):
+    s = _filled()
+    before = state_arrays(s)
+    with pytest.raises(exc, match=msg):
+        s.add(bad)
+    assert_same_state(before, state_arrays(s))
+
+
+def test_bad_batch_is_refused_as_a_whole():
+    s = _filled()
+    before = state_arrays(s)
+    X = np.random.default_rng(0).standard_normal((5, 3))
+    X[3, 1] = np.nan
+    with pytest.raises(ValueError, match="X contains NaN"):
+        s.extend(X)
+    assert_same_state(before, state_arrays(s))
+
+
+@pytest.mark.parametrize(
+    "bad_id, msg",
+    [(999, "unknown id 999"), (-1, "unknown id -1"), ("3", "ids are integers"),
+     (True, "ids are integers"), (2.0, "ids are integers")],
+)
+def test_bad_ids_are_refused_and_change_nothing(bad_id, msg):
+    s = _filled()
+    before = state_arrays(s)
+    with pytest.raises(KeyError, match=msg):
+        s.remove(bad_id)
+    assert_same_state(before, state_arrays(s))
+
+
+def test_removed_id_is_reported_as_removed():
+    s = _filled()
+    s.remove(4)
+    before = state_arrays(s)
+    with pytest.raises(KeyError, match="id 4 is not held by the solver: it was removed"):
+        s.remove(4)
+    assert_same_state(before, state_arrays(s))
+
+
+def test_decision_function_validates_queries():
+    s = _filled()
+    with pytest.raises(ValueError, match="X has dimension 2, expected 3"):
+        s.decision_function(np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="needs at least one key"):
+        IncrementalSVDD(0.1, 1.0).decision_function(np.zeros((1, 2)))
+
+
+def test_failed_walk_rebuilds_the_previous_key_set():
+    rng = np.random.default_rng(12)
+    s = IncrementalSVDD.from_nu(0.4, 40, 1.2)
+    s.extend(rng.standard_normal((40, 3)))
+    ids, keys = s.ids, s.keys
+    s.max_events = 0  # force the next walk to give up
+    with pytest.raises(SolverFailure, match="rebuilt from the 40 keys"):
+        s.add(rng.standard_normal(3) * 3.0)
+    s.max_events = None
+    assert np.array_equal(s.ids, ids) and np.array_equal(s.keys, keys)
+    fresh = IncrementalSVDD(s.C, s.sigma)
+    fresh.extend(keys)
+    np.testing.assert_allclose(s.alpha, fresh.alpha, atol=1e-15)
+    assert s.add(rng.standard_normal(3)) == 40  # the failed admission consumed no id
+
+
+# ------------------------------------------------------------------------------- views and export
+def test_views_are_aligned_and_partition_the_keys():
+    s = _filled()
+    s.remove(3)
+    s.remove(10)
+    assert list(s.ids) == sorted(s.ids) and len(s.ids) == len(s) == 18
+    assert s.keys.shape == (18, 3) and s.alpha.shape == (18,)
+    parts = np.concatenate([s.margin_ids, s.error_ids, s.reserve_ids])
+    assert sorted(parts) == list(s.ids)
+    a = dict(zip(s.ids, s.alpha))
+    assert all(0 < a[i] < s.C for i in s.margin_ids)
+    assert all(a[i] == s.C for i in s.error_ids)
+    assert all(a[i] == 0.0 for i in s.reserve_ids)
+    f = dict(zip(s.ids, s.decision_function(s.keys)))
+    assert all(abs(f[i]) < 1e-12 for i in s.margin_ids)
+    assert all(f[i] <= 1e-12 for i in s.error_ids)
+    assert all(f[i] >= -1e-12 for i in s.reserve_ids)
+    assert "IncrementalSVDD(C=" in repr(s)
+
+
+def test_margin_system_is_the_bordered_inverse():
+    s = _filled()
+    ms = s.margin_system()
+    order = {i: k for k, i in enumerate(s.ids)}
+    keys = s.keys
+    S = [order[i] for i in ms.margin_ids]
+    E = [order[i] for i in ms.error_ids]
+    K = rbf_kernel(keys, sigma=s.sigma)
+    m = len(S)
+    M = np.zeros((m + 1, m + 1))
+    M[0, 1:] = M[1:, 0] = 1.0
+    M[1:, 1:] = 2.0 * K[np.ix_(S, S)]
+    np.testing.assert_allclose(ms.inverse @ M, np.eye(m + 1), atol=1e-12)
+    rhs = np.concatenate(([1 - len(E) * s.C], 1.0 - 2.0 * s.C * K[np.ix_(S, E)].sum(1)))
+    u = ms.inverse @ rhs
+    assert abs(u[0] - ms.rho) <= 1e-12
+    np.testing.assert_allclose(u[1:], ms.alpha_margin, atol=1e-12)
+    with pytest.raises(RuntimeError, match="needs a certified solver"):
+        IncrementalSVDD(0.1, 1.0).margin_system()
+
+
+def test_state_dict_round_trip_is_bit_exact_and_validated():
+    s = _filled()
+    s.remove(5)
+    t = IncrementalSVDD.from_state_dict(s.state_dict())
+    assert np.array_equal(t.alpha, s.alpha) and t.rho == s.rho
+    assert np.array_equal(t.ids, s.ids)
+    x = np.random.default_rng(0).standard_normal(3)
+    assert t.add(x) == s.add(x)
+    assert np.array_equal(t.alpha, s.alpha) and t.rho == s.rho
+    bad = s.state_dict()
+    bad["format"] = 99
+    with pytest.raises(ValueError, match="unknown solver state format 99"):
+        IncrementalSVDD.from_state_dict(bad)
+    bad = s.state_dict()
+    bad["S"] = bad["S"][:-1]
+    with pytest.raises(ValueError, match=r"state\['S'\] has shape"):
+        IncrementalSVDD.from_state_dict(bad)
+    bad = s.state_dict()
+    bad["ids"] = bad["ids"].copy()
+    bad["ids"][1] = bad["ids"][0]
+    with pytest.raises(ValueError, match="duplicated"):
+        IncrementalSVDD.from_state_dict(bad)
+
+
+def test_internal_tolerances_are_ordered():
+    # a dependent point must be excluded before its sensitivity could be trusted
+    assert W.SENS_TOL < W.KAPPA_TOL < W.POLISH_PIVOT
