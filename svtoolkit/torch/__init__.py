@@ -13,6 +13,14 @@ from .._optional import require
 require("torch", feature="svtoolkit.torch")
 
 # --- exact differentiable gate -------------------------------------------------------------
+from .exact_gate import (  # noqa: E402
+    SVAttention,
+    SVAttentionInfo,
+    gate_from_solver,
+    sv_attention,
+    svdd_gate,
+    svdd_gate_from_gram,
+)
 
 # --- batched training path -----------------------------------------------------------------
 
