@@ -225,14 +225,37 @@ def _polish(K, C, raw, max_repairs):
             if g[i] < -POLISH_SIGN_TOL and -g[i] > worst:
                 worst, action = -g[i], (i, "reserve", "margin")
         if action is None:
-            return alpha, rho, sets, it
+            return _canonical(K, C, alpha, rho, sets), it
         i, src, dst = action
         groups = {"margin": margin, "error": error, "reserve": reserve}
         groups[src].remove(i)
         groups[dst].append(i)
     # Near duplicates can make the repairs cycle at the level of their first-order gradient
     # difference; the best candidate met is returned (accepted only below POLISH_ACCEPT_TOL).
-    return best[1] if best is not None else None
+    if best is None:
+        return None
+    alpha, rho, sets, it = best[1]
+    return _canonical(K, C, alpha, rho, sets), it
+
+
+def _canonical(K, C, alpha, rho, sets):
+    """Margin coefficients within rounding of a bound join that bound's set; with S then
+    empty, rho is the midpoint of its optimal interval (the solver's convention)."""
+    margin, error, reserve = sets
+    at_upper = alpha[margin] >= C * (1.0 - 1e-12)
+    at_lower = alpha[margin] <= C * 1e-12
+    if not (at_upper.any() or at_lower.any()):
+        return alpha, rho, sets
+    alpha = alpha.copy()
+    alpha[margin[at_upper]] = C
+    alpha[margin[at_lower]] = 0.0
+    error = np.sort(np.concatenate([error, margin[at_upper]]))
+    reserve = np.sort(np.concatenate([reserve, margin[at_lower]]))
+    margin = margin[~(at_upper | at_lower)]
+    if len(margin) == 0:
+        lo, hi = _rho_interval(K, alpha, error, reserve)
+        rho = lo if hi == np.inf else hi if lo == -np.inf else 0.5 * (lo + hi)
+    return alpha, rho, (margin, error, reserve)
 
 
 def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbose=False):
@@ -308,7 +331,7 @@ def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbos
     if polished is None:
         result.message = f"polish did not converge in {repairs} repairs; raw solution returned"
         return result
-    alpha, rho, (margin, error, reserve), iterations = polished
+    (alpha, rho, (margin, error, reserve)), iterations = polished
     residual = kkt_residual(K, C, alpha, rho, margin, error, reserve)
     if residual > POLISH_ACCEPT_TOL:
         result.message = f"polish residual {residual:.2e} too large; raw solution returned"

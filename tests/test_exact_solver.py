@@ -380,6 +380,34 @@ def test_near_duplicate_clusters_stay_exact(spacing):
     assert audit["inverse_residual"] <= 1e-8 and audit["grad_drift"] <= 1e-10
 
 
+@pytest.mark.parametrize("jitter", [0.0, 1e-6, 1e-5, 1e-4])
+def test_tight_clusters_never_fail_and_stay_near_optimal(jitter):
+    """Twelve keys within `jitter` of one point: K is numerically rank-deficient in many
+    directions. Keys dependent on S stay out of it; the KKT residual is bounded by the
+    documented 4 C KAPPA_TOL (1e-8 here), and nothing is ever thrown out of the box."""
+    worst = 0.0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        X = rng.standard_normal(6) + jitter * rng.standard_normal((12, 6))
+        s = IncrementalSVDD(0.3, 2.0)
+        ids = s.extend(X)
+        worst = max(worst, s.kkt_residual())
+        for v in ids[:6]:
+            s.remove(v)
+            worst = max(worst, s.kkt_residual())
+            a = s.alpha
+            assert np.all(a >= 0) and np.all(a <= s.C) and abs(a.sum() + s.warmup_mass - 1) < 1e-9
+    assert worst <= 4 * 0.3 * W.KAPPA_TOL
+
+
+def test_collinear_near_duplicates_do_not_cycle():
+    s = IncrementalSVDD(C=0.3, sigma=2.0)
+    s.extend([[0.0], [1e-6], [2e-6]])  # used to make the repairs trade twins forever
+    assert s.kkt_residual() <= 1e-12
+    s.add([3e-6])
+    assert s.certified and s.kkt_residual() <= 1e-12
+
+
 def test_warmup_and_fallback_below_feasibility():
     rng = np.random.default_rng(4)
     s = IncrementalSVDD(0.2, 1.0)  # feasible from 5 keys on
@@ -588,5 +616,7 @@ def test_state_dict_round_trip_is_bit_exact_and_validated():
 
 
 def test_internal_tolerances_are_ordered():
-    # a dependent point must be excluded before its sensitivity could be trusted
+    # a dependent point must be excluded before its sensitivity could be trusted, and every
+    # operation that pivots near the exclusion threshold must end with a polish
     assert W.SENS_TOL < W.KAPPA_TOL < W.POLISH_PIVOT
+    assert W.CORRECT_SKIP < W.REPAIR_MIN_TOL < W.CONSISTENCY_TOL

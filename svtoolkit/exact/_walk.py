@@ -53,21 +53,28 @@ NEED_MARGIN_CAPACITY = 1
 TOO_MANY_EVENTS = 2
 NO_EVENT = 3
 NEED_POLISH = 4
+INCONSISTENT = 5
 
 # --- tolerances (one table; see docs/exact_solver.md) ------------------------------------------
 #: A point whose Schur complement against the margin set is below this is numerically dependent
 #: on it (an exact or near duplicate of margin points); it is kept out of S at its bound.
-KAPPA_TOL = 1e-10
+KAPPA_TOL = 1e-8
 #: Error/reserve points whose gradient moves slower than this per unit step are not event
 #: candidates (their gradient changes by less than SENS_TOL * step, far below 1e-12).
 SENS_TOL = 1e-12
 #: n C >= 1 - FEASIBILITY_TOL counts as feasible; an anchor residue below it is snapped to 0.
 FEASIBILITY_TOL = 1e-12
-#: At rest, error/reserve points whose gradient has the wrong sign by more than this are
-#: relaxed by their own walk (see :func:`repair`).
-REPAIR_TOL = 1e-13
+#: At rest, error/reserve points whose gradient has the wrong sign by more than
+#: max(REPAIR_MIN_TOL * max(C, 1), REPAIR_FACTOR * C * kappa_i) are relaxed by their own walk
+#: (kappa_i: the point's Schur complement against S; see :func:`worst_violator`).
+REPAIR_MIN_TOL = 1e-13
+REPAIR_FACTOR = 4.0
 #: At rest, a margin coefficient within BOUND_SNAP * C of a bound is moved to that bound.
 BOUND_SNAP = 1e-12
+#: Equality residuals at or below this are rounding; :func:`correct` leaves them.
+CORRECT_SKIP = 1e-16
+#: At rest |sum(a) - 1| must be below this, else the operation fails (and is rebuilt).
+CONSISTENCY_TOL = 1e-9
 #: An operation whose rank-one updates used a pivot (Schur complement) below this ends with a
 #: polish: fresh inverse, [rho; a_S] re-solved for the partition, gradients from the keys.
 #: Rounding in a step grows like eps / pivot (cancellation in the sensitivities), so below
@@ -201,7 +208,11 @@ def _shrink(R, m, q):
 
 @njit
 def _join(k, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist):
-    """Slot k enters the margin set (bordered inverse grows; its kernel column is stored)."""
+    """Slot k enters the margin set (bordered inverse grows; its kernel column is stored).
+
+    k's gradient keeps its value (zero up to rounding of the step that brought it here); the
+    residual is removed with every other one by :func:`correct` at rest.
+    """
     n = ist[_N]
     m = ist[_M]
     if m > 0 and kappa < fs[3]:
@@ -215,17 +226,38 @@ def _join(k, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist
     S[m] = k
     spos[k] = m
     status[k] = MARGIN
-    grad[k] = 0.0
     ist[_M] = m + 1
     ist[_LAST_JOINED] = k
 
 
 @njit
+def _shift_coefficient(j, target, alpha, grad, column, n):
+    """Set a_j = target and move every gradient with it (column = K[:, j])."""
+    delta = target - alpha[j]
+    if delta == 0.0:
+        return
+    alpha[j] = target
+    two_delta = 2.0 * delta
+    for i in range(n):
+        grad[i] += two_delta * column[i]
+
+
+@njit
 def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
-    """Margin slot j leaves S for the reserve or error set; its coefficient is snapped."""
+    """Margin slot j leaves S for the reserve or error set; its coefficient is snapped.
+
+    The snap moves a_j to exactly 0 or C; every gradient follows (g += 2 K[:, j] delta), so
+    the gradients stay those of the coefficients (the sum residual goes to :func:`correct`).
+    """
     n = ist[_N]
     m = ist[_M]
     p = spos[j]
+    target = alpha[j]
+    if new_status == RESERVE:
+        target = 0.0
+    elif new_status == ERROR:
+        target = fs[1]
+    _shift_coefficient(j, target, alpha, grad, KSt[p], n)
     if m > 1:
         pivot = 1.0 / abs(R[p + 1, p + 1])  # j's Schur complement against the rest of S
         if pivot < fs[3]:
@@ -242,11 +274,6 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
             dst[i] = src[i]
     spos[j] = -1
     status[j] = new_status
-    if new_status == RESERVE:
-        alpha[j] = 0.0
-    elif new_status == ERROR:
-        alpha[j] = fs[1]
-    grad[j] = 0.0
     ist[_M] = m - 1
     ist[_LAST_LEFT] = j
     ist[_EPOCH] += 1  # S shrank: points blocked as dependent on the old S may enter again
@@ -356,14 +383,13 @@ _CONTINUE = -1
 def _finish_own(c, kind, alpha, grad, status, spos, S, KSt, R, kc, bk, kappa, Xt, fs, ist):
     """Execute the moving point's own terminal event."""
     if kind == _EV_C_ZERO:
-        alpha[c] = 0.0
+        _shift_coefficient(c, 0.0, alpha, grad, kc, ist[_N])
         if ist[_CUR_MODE] == RELAX_DOWN:
             status[c] = RESERVE
     elif kind == _EV_C_TO_R:
-        grad[c] = 0.0
         status[c] = RESERVE
     elif kind == _EV_C_TO_E:
-        alpha[c] = fs[1]
+        _shift_coefficient(c, fs[1], alpha, grad, kc, ist[_N])
         status[c] = ERROR
     else:  # _EV_C_TO_S
         _join(c, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist)
@@ -512,11 +538,22 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
 
 
 @njit
-def worst_violator(grad, status, n, tol):
-    """Slot of the largest sign violation (> tol) among error/reserve points, or -1."""
-    worst = tol
+def worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done):
+    """Slot of the largest sign violation worth a relaxation walk, or -1.
+
+    A violation counts when it exceeds REPAIR_MIN_TOL and REPAIR_FACTOR * C * kappa_i, with
+    kappa_i the point's Schur complement against S. Only a point kept out of S as dependent
+    can violate by more than rounding; relaxing it swaps it with the margin points it
+    depends on, which moves their gradient difference by about 2 C kappa_i - so below that
+    bound the optimum splits weight between near twins, the vertex state is within that bound
+    of it, and a relaxation would only make the twins trade places. ``done`` marks points
+    already relaxed in this settle (each is relaxed at most once: anti-cycling).
+    """
+    worst = 0.0
     who = -1
-    for i in range(n):
+    m = ist[_M]
+    scale = max(fs[1], 1.0)
+    for i in range(ist[_N]):
         st = status[i]
         if st == ERROR:
             v = grad[i]
@@ -524,9 +561,14 @@ def worst_violator(grad, status, n, tol):
             v = -grad[i]
         else:
             continue
-        if v > worst:
-            worst = v
-            who = i
+        if v <= REPAIR_MIN_TOL * scale or v <= worst or (i < done.shape[0] and done[i]):
+            continue
+        if m > 0:
+            kappa = _schur(m, S, KSt, R, i, bk, vbuf)
+            if v <= REPAIR_FACTOR * fs[1] * kappa:
+                continue
+        worst = v
+        who = i
     return who
 
 
@@ -539,17 +581,28 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
     their twin moved, their gradient drifted by a first-order amount. Relaxing one is an exact
     walk with the point as the moving coefficient (up from R, down from E); it transfers mass
     between the point and the margin set it depends on until a bound is met, and strictly
-    lowers the objective. Resumable like :func:`walk`.
+    lowers the objective. Signs are judged after a Newton correction of the equalities.
+    Resumable like :func:`walk`.
     """
     if ist[_CUR_C] >= 0:
         code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
                     blocked, fs, ist, ist[_CUR_C], ist[_CUR_MODE], False, max_events)
         if code != DONE:
             return code
+    done = np.zeros(0, dtype=np.bool_)  # allocated at the first violator
     for _ in range(max_repairs):
-        v = worst_violator(grad, status, ist[_N], REPAIR_TOL)
+        # judge signs on the corrected state: a walk can leave equality residuals (a point
+        # that joined S by a zero-length step keeps its rounding-level gradient)
+        code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                       blocked, fs, ist, max_events)
+        if code != DONE:
+            return code
+        v = worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done)
         if v < 0:
             return DONE
+        if done.shape[0] == 0:
+            done = np.zeros(ist[_N], dtype=np.bool_)
+        done[v] = True
         ist[_REPAIRS] += 1
         mode = ADMIT if status[v] == RESERVE else RELAX_DOWN
         status[v] = MOVING
@@ -571,18 +624,156 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
     sit on a bound into that bound's set; with S empty puts rho at the midpoint of its optimal
     interval (what a fresh solve reports).
     """
-    code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                  blocked, fs, ist, max_events, max_repairs)
-    if code != DONE:
-        return code
     if polish_allowed and (
         fs[3] < POLISH_PIVOT or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > PROBE_TOL
     ):
         return NEED_POLISH
+    code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                  blocked, fs, ist, max_events, max_repairs)
+    if code != DONE:
+        return code
     snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist)
+    code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                   blocked, fs, ist, max_events)
+    if code != DONE:
+        return code
     if ist[_M] == 0 and ist[_N] > 0:
         recenter_rho(alpha, grad, status, fs, ist[_N])
+    if not _consistent(alpha, status, fs, ist):
+        return INCONSISTENT
     return DONE
+
+
+@njit
+def _consistent(alpha, status, fs, ist):
+    """Last line of defence: sum(a) = 1 and every coefficient inside its box (rounding)."""
+    C = fs[1]
+    total = 0.0
+    for i in range(ist[_N]):
+        a = alpha[i]
+        total += a
+        if a < 0.0 or (a > C and i != ist[_ANCHOR]):
+            return False
+    return abs(total - 1.0) <= CONSISTENCY_TOL
+
+
+@njit
+def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, blocked, fs,
+            ist, max_events):
+    """Remove the equality residuals of the partition by a walk along the Newton direction.
+
+    Residuals r = [1 - sum(a); -g_S] (the gradients are kept consistent with the
+    coefficients, so g_S is the exact margin residual). The Newton direction
+    [d rho; d a_S] = R r would remove them at t = 1; the state moves along it and stops at the
+    first event on the way - a margin coefficient reaching a bound (it leaves S) or an
+    error/reserve gradient reaching 0 (it joins S) - executes it and starts again from the new
+    residual. After rounding-level drift the full step is taken at once (one O(n m) pass);
+    after an inexact inverse (ill-conditioned S, see POLISH_PIVOT) the events keep every
+    coefficient in its box where a plain Newton step would throw it out.
+
+    Returns DONE, NEED_MARGIN_CAPACITY or TOO_MANY_EVENTS.
+    """
+    ist[_LAST_LEFT] = -1
+    ist[_LAST_JOINED] = -1
+    ist[_EPOCH] += 1
+    C = fs[1]
+    anchor = ist[_ANCHOR]
+    big = np.iinfo(np.int64).max
+    for _ in range(max_events):
+        n = ist[_N]
+        m = ist[_M]
+        if m == 0:
+            return DONE
+        if m == S.shape[0]:
+            return NEED_MARGIN_CAPACITY
+        total = 0.0
+        for i in range(n):
+            total += alpha[i]
+        r[0] = 1.0 - total
+        worst = abs(r[0])
+        for p in range(m):
+            r[p + 1] = -grad[S[p]]
+            worst = max(worst, abs(r[p + 1]))
+        if worst <= CORRECT_SKIP:
+            return DONE
+        for i in range(m + 1):
+            acc = 0.0
+            for j in range(m + 1):
+                acc += R[i, j] * r[j]
+            du[i] = acc
+        # gradient rates of the non-margin points along the direction
+        for i in range(n):
+            gam[i] = du[0]
+        for p in range(m):
+            two = 2.0 * du[p + 1]
+            row = KSt[p]
+            for i in range(n):
+                gam[i] += two * row[i]
+        tbest, tiebest, kind, who = 1.0, big, _EV_NONE, -1
+        last_joined = ist[_LAST_JOINED]
+        for p in range(m):
+            j = S[p]
+            end = alpha[j] + du[p + 1]
+            if end < 0.0:
+                t, ev = _step_to(alpha[j], du[p + 1]), _EV_S_TO_R
+            elif end > C and j != anchor:
+                t, ev = _step_to(alpha[j] - C, du[p + 1]), _EV_S_TO_E
+            else:
+                continue
+            if t == 0.0 and j == last_joined:
+                continue
+            if _better(t, ids[j], tbest, tiebest):
+                tbest, tiebest, kind, who = t, ids[j], ev, j
+        epoch = ist[_EPOCH]
+        last_left = ist[_LAST_LEFT]
+        for i in range(n):
+            st = status[i]
+            if st == MARGIN or st == MOVING or blocked[i] == epoch:
+                continue
+            end = grad[i] + gam[i]
+            if st == ERROR:
+                if end <= REPAIR_MIN_TOL * max(C, 1.0):
+                    continue
+            elif st == RESERVE:
+                if end >= -REPAIR_MIN_TOL * max(C, 1.0):
+                    continue
+            t = _step_to(grad[i], gam[i])
+            if t == 0.0 and i == last_left:
+                continue
+            if _better(t, ids[i], tbest, tiebest):
+                tbest, tiebest, kind, who = t, ids[i], _EV_JOIN, i
+        # move: coefficients and rho along du, gradients along their rates, margin
+        # residuals shrink linearly (g_S(t) = (1 - t) g_S)
+        t = tbest
+        fs[0] += t * du[0]
+        for p in range(m):
+            alpha[S[p]] += t * du[p + 1]
+        for i in range(n):
+            if status[i] != MARGIN:
+                grad[i] += t * gam[i]
+        for p in range(m):
+            grad[S[p]] *= 1.0 - t
+        if t > 0.0:
+            ist[_LAST_LEFT] = -1
+            ist[_LAST_JOINED] = -1
+        ist[_EVENTS] += 1
+        if kind == _EV_NONE:
+            for p in range(m):
+                grad[S[p]] = 0.0
+            return DONE
+        if kind == _EV_S_TO_R:
+            _leave(who, RESERVE, alpha, grad, status, spos, S, KSt, R, fs, ist)
+        elif kind == _EV_S_TO_E:
+            _leave(who, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
+        else:
+            kappa = _schur(m, S, KSt, R, who, bk, r)
+            if kappa < KAPPA_TOL:
+                blocked[who] = epoch
+                ist[_REFUSED] += 1
+            else:
+                _join(who, Xt, alpha, grad, status, spos, S, KSt, R, kc, -1, bk, kappa, fs,
+                      ist)
+    return TOO_MANY_EVENTS
 
 
 @njit

@@ -244,6 +244,8 @@ class IncrementalSVDD:
         reason = {
             W.TOO_MANY_EVENTS: f"more than {self._event_limit()} events in one walk",
             W.NO_EVENT: "no admissible event (numerically infeasible step)",
+            W.INCONSISTENT: "the state at rest violates sum(a) = 1 or the box "
+                            "(numerically degenerate keys)",
         }[code]
         raise SolverFailure(reason)
 
@@ -291,9 +293,28 @@ class IncrementalSVDD:
         self._walk(slot, W.ADMIT, kc_ready=True)
 
     def _drop_anchor(self):
+        """Warm-up ends: the anchor's mass goes back to the keys by an exact decrement.
+
+        When n C = 1 (to FEASIBILITY_TOL) the only feasible point is a = C for every key, with
+        S empty: it is set directly instead of walked to, since the walk would have to end on
+        a rounding residue of the anchor's mass.
+        """
         slot = self._anchor
-        self._walk(slot, W.REMOVE)
+        if len(self) * self._C > 1.0 + W.FEASIBILITY_TOL:
+            self._walk(slot, W.REMOVE)
+            self._delete(slot)
+            return
+        n = self._n
+        self._ist[W._M] = 0
+        self._spos[:n] = -1
+        self._status[:n] = W.ERROR
+        self._alpha[:n] = self._C
+        self._alpha[slot] = 0.0
+        self._status[slot] = W.MOVING
         self._delete(slot)
+        n = self._n
+        g = self._fresh_gradients()
+        self._grad[:n] = g
 
     def _settle(self):
         """Bring the state to rest in canonical form (see ``_walk.settle``)."""
@@ -777,34 +798,19 @@ class IncrementalSVDD:
                 "kkt_residual": self.kkt_residual(), "refactorized": repaired}
 
     def _polish(self):
-        """Re-solve the state of the current partition from scratch.
+        """Refresh the state of the current partition from scratch.
 
-        Fresh inverse of the bordered matrix; two Newton steps on [rho; a_S] with the exact
-        residuals of the partition (sum(a) - 1, and the margin gradients 2 K_S. a - 1 + rho
-        from the stored columns K[:, S]); then every gradient from the keys. Used when a
-        step ran on small pivots, whose rounding (~eps / pivot) the maintained state
-        inherited. Cost O(m^3 + n |support| d).
+        A fresh inverse of the bordered matrix and every gradient from the keys (the margin
+        gradients then hold the true equality residuals, which ``_walk.correct`` removes by a
+        walk that respects the bounds). Used when a step ran on small pivots, whose rounding
+        (~eps / pivot) the maintained state inherited. Cost O(m^3 + n |support| d).
         """
         self._fs[3] = np.inf
         m, n = self._m, self._n
         self.n_polishes += 1
         if m > 0:
-            S = self._S[:m]
-            M = self._bordered()
-            R = np.linalg.inv(M)
-            self._R[: m + 1, : m + 1] = R
-            KS = self._KSt[:m, :n]
-            a = self._alpha[:n]
-            for _ in range(2):
-                residual = np.empty(m + 1)
-                residual[0] = 1.0 - a.sum()
-                residual[1:] = -(2.0 * (KS @ a) - 1.0 + self._fs[0])
-                du = R @ residual
-                self._fs[0] += du[0]
-                a[S] += du[1:]
-        g = self._fresh_gradients()
-        g[self._status[:n] == W.MARGIN] = 0.0
-        self._grad[:n] = g
+            self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+        self._grad[:n] = self._fresh_gradients()
 
     def _refactorize(self):
         """After a failed audit: polish, then restore the canonical resting state."""
