@@ -8,5 +8,12 @@ from .._optional import require
 require("mlx.core", feature="svtoolkit.mlx")
 
 # --- batched training path -----------------------------------------------------------------
+from .batched import (  # noqa: E402
+    fista_svdd,
+    lipschitz_bound,
+    partition_masks,
+    project_capped_simplex,
+    ridged_svdd_solve,
+)
 
 # --- SV-Attention sequence layers ----------------------------------------------------------

@@ -23,6 +23,13 @@ from .exact_gate import (  # noqa: E402
 )
 
 # --- batched training path -----------------------------------------------------------------
+from .batched import (  # noqa: E402
+    fista_svdd,
+    lipschitz_bound,
+    partition_masks,
+    project_capped_simplex,
+    ridged_svdd_solve,
+)
 
 # --- memory layers (baselines) -------------------------------------------------------------
 
