@@ -17,8 +17,11 @@ from .exact import IncrementalSVDD, MarginSystem, SolverFailure
 from .kernels import rbf_kernel
 
 # --- forgettable memory --------------------------------------------------------------------
+from .memory import BudgetExceededWarning, DeletionReceipt, ForgettableMemory, Hit, MemoryFileError
 
 __version__ = "0.1.0.dev0"
 
 __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "rbf_kernel", "warmup",
-           "__version__"]
+           "__version__",
+           "ForgettableMemory", "DeletionReceipt", "Hit", "MemoryFileError",
+           "BudgetExceededWarning"]

@@ -570,6 +570,22 @@ def test_views_are_aligned_and_partition_the_keys():
     assert "IncrementalSVDD(C=" in repr(s)
 
 
+def test_cached_insertion_order_survives_every_kind_of_operation():
+    rng = np.random.default_rng(31)
+    s = IncrementalSVDD(0.2, 1.5)  # warm-up below 5 keys: the anchor comes and goes
+    for step in range(300):
+        if len(s) > 3 and rng.random() < 0.45:
+            s.remove(int(s.ids[rng.integers(len(s))]))
+        else:
+            s.add(rng.standard_normal(3))
+        if step % 25 == 0:
+            s.evict_reserve()
+        cached = s._order().copy()
+        s._order_cache = None  # recompute from scratch and compare
+        assert np.array_equal(cached, s._order())
+        assert list(s.ids) == sorted(s.ids)
+
+
 def test_margin_system_is_the_bordered_inverse():
     s = _filled()
     ms = s.margin_system()

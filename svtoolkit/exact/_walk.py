@@ -19,9 +19,10 @@ S           (mcap,) int64      margin list (slots), in bordered-system order
 KSt         (mcap, cap)        KSt[p, i] = k(x_{S[p]}, x_i): the columns K[:, S], each contiguous
 R           (mcap+1, mcap+1)   inverse of M = [[0, 1^T], [1, 2 K_SS]]
 blocked     (cap,) int64       epoch stamp: slot is dependent on the current S (see below)
-fs          (4,)               [rho, C, 1/sigma^2, smallest pivot since the last polish]
-ist         (11,) int64        [n, m, anchor slot, epoch, last_left, last_joined,
-                                events, refused joins, current walk's slot and mode, repairs]
+fs          (4,)               [rho, C, 1/sigma^2, smallest pivot of the current operation]
+ist         (12,) int64        [n, m, anchor slot, epoch, last_left, last_joined,
+                                events, refused joins, current walk's slot and mode, repairs,
+                                event count at the last completed settle (-1: must settle)]
 ==========  =================  =========================================================
 
 The virtual anchor (EXACT_SOLVER_NOTES.md "Starting, and feasibility") is an ordinary slot with
@@ -85,8 +86,8 @@ PROBE_TOL = 1e-11
 
 # ist indices
 _N, _M, _ANCHOR, _EPOCH, _LAST_LEFT, _LAST_JOINED, _EVENTS, _REFUSED = 0, 1, 2, 3, 4, 5, 6, 7
-_CUR_C, _CUR_MODE, _REPAIRS = 8, 9, 10
-IST_SIZE = 11
+_CUR_C, _CUR_MODE, _REPAIRS, _SETTLED = 8, 9, 10, 11
+IST_SIZE = 12
 
 # event kinds
 _EV_NONE = 0
@@ -227,6 +228,7 @@ def _join(k, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist
     spos[k] = m
     status[k] = MARGIN
     ist[_M] = m + 1
+    ist[_SETTLED] = -1
     ist[_LAST_JOINED] = k
 
 
@@ -275,6 +277,7 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
     spos[j] = -1
     status[j] = new_status
     ist[_M] = m - 1
+    ist[_SETTLED] = -1
     ist[_LAST_LEFT] = j
     ist[_EPOCH] += 1  # S shrank: points blocked as dependent on the old S may enter again
 
@@ -624,6 +627,12 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
     sit on a bound into that bound's set; with S empty puts rho at the midpoint of its optimal
     interval (what a fresh solve reports).
     """
+    if polish_allowed and ist[_EVENTS] == ist[_SETTLED] and fs[3] == np.inf:
+        # nothing moved since the last rest state (e.g. a reserve key was deleted): only the
+        # midpoint of rho's interval can have changed
+        if ist[_M] == 0 and ist[_N] > 0:
+            recenter_rho(alpha, grad, status, fs, ist[_N])
+        return DONE
     if polish_allowed and (
         fs[3] < POLISH_PIVOT or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > PROBE_TOL
     ):
@@ -641,6 +650,8 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         recenter_rho(alpha, grad, status, fs, ist[_N])
     if not _consistent(alpha, status, fs, ist):
         return INCONSISTENT
+    ist[_SETTLED] = ist[_EVENTS]
+    fs[3] = np.inf  # pivots are judged per operation
     return DONE
 
 

