@@ -19,7 +19,7 @@ from numba import prange
 
 from ._jit import njit
 
-__all__ = ["fista_batch"]
+__all__ = ["fista_batch", "fista_prefix_batch"]
 
 #: Safeguard on the projection's root search (the torch path uses the same value).
 PROJECTION_MAX_ITER = 100
@@ -36,6 +36,26 @@ def fista_batch(K, mask, C, iters, power_iters, restart, out):
     unconverged = np.zeros(G, dtype=np.int64)
     for g in prange(G):
         unconverged[g] = _fista_one(K[g], mask[g], C, iters, power_iters, restart, out[g])
+    return unconverged.sum()
+
+
+@njit(parallel=True, cache=True)
+def fista_prefix_batch(K, keep, ends, C, iters, power_iters, restart, out):
+    """FISTA on every causal prefix: problem (g, j) uses the keys [0, ends[j]) of K[g] that
+    ``keep`` marks. K (G, P, P), keep (G, P) bool, ends (J,) int; writes out (G, J, P).
+
+    The chunk-boundary problems of a causal layer share one Gram matrix per sequence and head;
+    this reads it in place instead of replicating it J times.
+    """
+    G = K.shape[0]
+    J = ends.shape[0]
+    unconverged = np.zeros(G * J, dtype=np.int64)
+    for flat in prange(G * J):
+        g = flat // J
+        j = flat % J
+        mask = keep[g].copy()
+        mask[ends[j]:] = False
+        unconverged[flat] = _fista_one(K[g], mask, C, iters, power_iters, restart, out[g, j])
     return unconverged.sum()
 
 

@@ -22,5 +22,5 @@ def require(module: str, *, feature: str | None = None):
     except ImportError as exc:
         top = module.split(".")[0]
         hint = _EXTRAS.get(top, f"pip install {top}")
-        what = feature or f"this part of svtoolkit"
+        what = feature or "this part of svtoolkit"
         raise ImportError(f"{what} needs '{top}', which is not installed: {hint}") from exc

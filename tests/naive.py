@@ -21,7 +21,7 @@ def rbf(X, Y, sigma):
     K = np.empty((len(X), len(Y)))
     for i, x in enumerate(X):
         for j, y in enumerate(Y):
-            K[i, j] = math.exp(-sum((a - b) ** 2 for a, b in zip(x, y)) / sigma**2)
+            K[i, j] = math.exp(-sum((a - b) ** 2 for a, b in zip(x, y, strict=True)) / sigma**2)
     return K
 
 

@@ -19,12 +19,12 @@ reserve eviction (f change)    1e-12     issue 2
 
 from __future__ import annotations
 
+import naive
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import naive
 from svtoolkit import IncrementalSVDD, SolverFailure, rbf_kernel
 from svtoolkit.exact import _walk as W
 from svtoolkit.reference import decision_function, objective, solve_svdd
@@ -257,7 +257,7 @@ def test_tiny_problems_match_enumeration_of_all_partitions(n, seed, sigma, c_fra
 def test_decrement_equals_fresh_build_with_same_C():
     rng = np.random.default_rng(7)
     worst = 0.0
-    for trial in range(20):
+    for _trial in range(20):
         X = rng.standard_normal((50, 6))
         s = IncrementalSVDD.from_nu(0.5, 50, 2.5)
         ids = s.extend(X)
@@ -559,11 +559,11 @@ def test_views_are_aligned_and_partition_the_keys():
     assert s.keys.shape == (18, 3) and s.alpha.shape == (18,)
     parts = np.concatenate([s.margin_ids, s.error_ids, s.reserve_ids])
     assert sorted(parts) == list(s.ids)
-    a = dict(zip(s.ids, s.alpha))
+    a = dict(zip(s.ids, s.alpha, strict=True))
     assert all(0 < a[i] < s.C for i in s.margin_ids)
     assert all(a[i] == s.C for i in s.error_ids)
     assert all(a[i] == 0.0 for i in s.reserve_ids)
-    f = dict(zip(s.ids, s.decision_function(s.keys)))
+    f = dict(zip(s.ids, s.decision_function(s.keys), strict=True))
     assert all(abs(f[i]) < 1e-12 for i in s.margin_ids)
     assert all(f[i] <= 1e-12 for i in s.error_ids)
     assert all(f[i] >= -1e-12 for i in s.reserve_ids)

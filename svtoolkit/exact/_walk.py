@@ -621,11 +621,12 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
            fs, ist, max_events, max_repairs, polish_allowed):
     """Bring the state to rest in canonical form (one crossing per operation).
 
-    Relaxes sign violators (:func:`repair`); asks for a polish (NEED_POLISH, at most once: the
-    caller polishes and calls again with ``polish_allowed=False``) when a rank-one update of
-    this operation used a pivot below POLISH_PIVOT or the inverse fails its probe; moves margin coefficients that
-    sit on a bound into that bound's set; with S empty puts rho at the midpoint of its optimal
-    interval (what a fresh solve reports).
+    Asks for a polish (NEED_POLISH, at most once: the caller polishes and calls again with
+    ``polish_allowed=False``) when a rank-one update of this operation used a pivot below
+    POLISH_PIVOT or the inverse fails its probe; relaxes sign violators (:func:`repair`); moves
+    margin coefficients that sit on a bound into that bound's set; removes the equality
+    residuals (:func:`correct`); with S empty puts rho at the midpoint of its optimal interval
+    (what a fresh solve reports). Skipped when nothing moved since the last rest state.
     """
     if polish_allowed and ist[_EVENTS] == ist[_SETTLED] and fs[3] == np.inf:
         # nothing moved since the last rest state (e.g. a reserve key was deleted): only the

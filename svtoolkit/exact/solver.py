@@ -497,7 +497,7 @@ class IncrementalSVDD:
         self._reset()
         self._rebuilding = True  # with the default event limit, not a user override
         try:
-            for key_id, x in zip(ids, keys):
+            for key_id, x in zip(ids, keys, strict=True):
                 self._add_checked(x, int(key_id))
         finally:
             self._rebuilding = False

@@ -17,3 +17,11 @@ from .batched import (  # noqa: E402
 )
 
 # --- SV-Attention sequence layers ----------------------------------------------------------
+
+__all__ = [
+    "fista_svdd",
+    "lipschitz_bound",
+    "partition_masks",
+    "project_capped_simplex",
+    "ridged_svdd_solve",
+]

@@ -13,14 +13,8 @@ from .._optional import require
 require("torch", feature="svtoolkit.torch")
 
 # --- exact differentiable gate -------------------------------------------------------------
-from .exact_gate import (  # noqa: E402
-    SVAttention,
-    SVAttentionInfo,
-    gate_from_solver,
-    sv_attention,
-    svdd_gate,
-    svdd_gate_from_gram,
-)
+# --- memory layers (baselines) -------------------------------------------------------------
+from . import ops  # noqa: E402
 
 # --- batched training path -----------------------------------------------------------------
 from .batched import (  # noqa: E402
@@ -30,7 +24,58 @@ from .batched import (  # noqa: E402
     project_capped_simplex,
     ridged_svdd_solve,
 )
-
-# --- memory layers (baselines) -------------------------------------------------------------
+from .exact_gate import (  # noqa: E402
+    SVAttention,
+    SVAttentionInfo,
+    gate_from_solver,
+    sv_attention,
+    svdd_gate,
+    svdd_gate_from_gram,
+)
 
 # --- SV-Attention sequence layers ----------------------------------------------------------
+from .layers import (  # noqa: E402  # noqa: E402
+    ATTENTION_LAYERS,
+    CausalSVAttention,
+    DeltaNet,
+    GatedDeltaNet,
+    HybridSVAttention,
+    InfiniAttention,
+    LinearAttention,
+    SlidingWindowAttention,
+    SoftmaxAttention,
+    StreamingLLMAttention,
+    SVStreamState,
+    TensorCache,
+)
+
+__all__ = [
+    # exact differentiable gate
+    "SVAttention",
+    "SVAttentionInfo",
+    "gate_from_solver",
+    "sv_attention",
+    "svdd_gate",
+    "svdd_gate_from_gram",
+    # batched training path
+    "fista_svdd",
+    "lipschitz_bound",
+    "partition_masks",
+    "project_capped_simplex",
+    "ridged_svdd_solve",
+    # memory layers (baselines)
+    "ops",
+    "ATTENTION_LAYERS",
+    "DeltaNet",
+    "GatedDeltaNet",
+    "InfiniAttention",
+    "LinearAttention",
+    "SlidingWindowAttention",
+    "SoftmaxAttention",
+    "StreamingLLMAttention",
+    "TensorCache",
+    # SV-Attention sequence layers
+    "CausalSVAttention",
+    "HybridSVAttention",
+    "SVStreamState",
+]

@@ -1,0 +1,87 @@
+"""Softmax attention layers: full causal, sliding window, StreamingLLM (sinks + window)."""
+
+from __future__ import annotations
+
+from ..ops import softmax_attention
+from ..ops._common import check_positive_int
+from ._base import HeadsAttention
+
+__all__ = ["SoftmaxAttention", "SlidingWindowAttention", "StreamingLLMAttention"]
+
+
+class SoftmaxAttention(HeadsAttention):
+    """Causal multi-head softmax attention (unfused: scores, softmax, weighted sum).
+
+    Parameters
+    ----------
+    d_model, n_heads, head_dim, bias
+        See :class:`HeadsAttention`.
+    block_size : int, default 256
+        Queries per block in the op (memory knob only).
+
+    Notes
+    -----
+    ``o_t = sum_{j <= t} softmax_j(q_t . k_j / sqrt(D)) v_j``. No positional encoding: the
+    backbone supplies positions (learned absolute embeddings in TinyLM). The streaming state is
+    the full KV cache (it grows with the sequence).
+    """
+
+    window: int | None = None
+    sinks: int = 0
+
+    def __init__(self, d_model: int, n_heads: int, *, block_size: int = 256, **options):
+        super().__init__(d_model, n_heads, **options)
+        self.block_size = check_positive_int("block_size", block_size)
+
+    def _mix(self, x, q, k, v, state, want_state):
+        return softmax_attention(
+            q,
+            k,
+            v,
+            window=self.window,
+            sinks=self.sinks,
+            block_size=self.block_size,
+            initial_state=state,
+            output_final_state=want_state,
+        )
+
+
+class SlidingWindowAttention(SoftmaxAttention):
+    """Causal softmax attention over the window [t-W+1, t] (W tokens, the current one included).
+
+    Parameters
+    ----------
+    d_model, n_heads, head_dim, bias, block_size
+        See :class:`SoftmaxAttention`.
+    window : int, default 64
+        W. The streaming state keeps the last W-1 tokens (constant size).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, window: int = 64, **options):
+        super().__init__(d_model, n_heads, **options)
+        self.window = check_positive_int("window", window)
+
+
+class StreamingLLMAttention(SoftmaxAttention):
+    """StreamingLLM: softmax over the first ``sinks`` tokens plus the window [t-W+1, t].
+
+    Parameters
+    ----------
+    d_model, n_heads, head_dim, bias, block_size
+        See :class:`SoftmaxAttention`.
+    sinks : int, default 4
+        Attention-sink tokens always kept (the StreamingLLM default).
+    window : int, default 64
+        Recent tokens W (the current one included).
+
+    Notes
+    -----
+    Trained and evaluated with the same mask, so training and streaming agree exactly. There
+    is no RoPE here, hence no position shift to apply (see :mod:`svtoolkit.torch.ops.attention`).
+    Streaming state: the sinks plus the last W-1 tokens, constant size.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, sinks: int = 4, window: int = 64, **options):
+        super().__init__(d_model, n_heads, **options)
+        self.window = check_positive_int("window", window)
+        self.sinks = check_positive_int("sinks", sinks)

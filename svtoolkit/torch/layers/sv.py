@@ -1,0 +1,326 @@
+"""SV-Attention sequence layers: chunk-frozen gate and hybrid, trainable, with exact inference.
+
+``CausalSVAttention`` and ``HybridSVAttention`` map x (B, T, d_model) -> (B, T, d_model),
+exactly causally (paper 000 §3.5, Fig. 2). Per head, keys and queries are RMS-normalised
+(``||k|| = sqrt(D)``), so the default RBF width ``sigma = sqrt(2 D)`` puts typical kernel values
+near exp(-1) whatever the scale of the projections.
+
+Three ways to run the same weights (see :mod:`svtoolkit.torch.ops.sv_attention` for the math):
+
+* ``forward(x, exclude=None)`` - **training**: the batched gate (FISTA partition finder +
+  ridged bordered solve, differentiable; approximate, no certificate).
+* ``forward_exact(x, exclude=None)`` - **exact gate**: one fp64 ``IncrementalSVDD`` per
+  (sequence, head) admitting each chunk at its boundary; no gradient through the gate.
+* ``forward_with_state(x, state)`` / ``step(x_t, state)`` - **exact streaming inference**
+  (:class:`SVStreamState`): keys are admitted at chunk boundaries, certified reserve keys are
+  evicted under an optional budget, and ``state.forget(b, position)`` deletes a token -
+  by exact decrement if it was admitted to the long-range gate, by masking (and
+  renormalisation) if it is still in the current chunk. Streaming reproduces
+  ``forward_exact(x, exclude)`` for every output computed after the deletions.
+
+Deletion semantics (the paper's, made precise): after ``forget(b, p)`` every later output of
+sequence b equals the output of ``forward_exact`` on the same tokens with p excluded
+(``exclude[b, p] = True``) - for a long-range token because the gate is re-solved exactly
+without it (same C), for a current-chunk token because it is masked out of the local read and
+of future admission. Outputs emitted before the call are history and are not recomputed.
+Certified eviction changes no output until the next admission (reserve keys carry weight
+exactly 0; a later admission may have made them matter again - the certificate's scope).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...exact import IncrementalSVDD
+from ..ops._common import check_positive_int
+from ..ops.sv_attention import (
+    exact_sv_gate,
+    sv_gate,
+    sv_hybrid_readout,
+    sv_rbf_readout,
+    warmup_size,
+)
+from ._base import HeadsAttention
+
+__all__ = ["CausalSVAttention", "HybridSVAttention", "SVStreamState"]
+
+
+def _check_C(C):
+    if isinstance(C, bool) or not isinstance(C, (int, float)) or not (
+        math.isfinite(C) and C > 0
+    ):
+        raise ValueError(f"C must be a finite number > 0; got {C!r}")
+    return float(C)
+
+
+class CausalSVAttention(HeadsAttention):
+    """Chunk-frozen SV-Attention: each chunk's queries read the SVDD gate of the causal prefix.
+
+    Parameters
+    ----------
+    d_model, n_heads : int
+        Width and number of heads H (head width D = d_model // n_heads unless ``head_dim``).
+    C : float, default 0.25
+        Box of the gate, fixed (the paper's language-model value).
+    sigma : float, optional
+        RBF width of the gate on RMS-normalised keys; default ``sqrt(2 D)``.
+    chunk : int, default 64
+        Chunk length L; the gate of chunk c is fit on the keys [0, c L).
+    fista_iters : int, default 80
+        FISTA iterations of the batched partition finder (training path).
+    ridge : float, default 1e-3
+        Ridge of the batched bordered solve (training path).
+    head_dim, bias : see :class:`svtoolkit.torch.layers.HeadsAttention`.
+
+    Notes
+    -----
+    Warm-up: a prefix with fewer than ``ceil(1/C) + 2`` keys is read ungated. The first chunk
+    (empty prefix) outputs 0 before ``o_proj``; the hybrid variant fixes that blind spot.
+    """
+
+    hybrid = False
+
+    def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
+                 ridge=1e-3, **options):
+        super().__init__(d_model, n_heads, **options)
+        self.C = _check_C(C)
+        self.sigma = math.sqrt(2.0 * self.head_dim) if sigma is None else float(sigma)
+        if not (math.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"sigma must be finite and > 0; got {sigma!r}")
+        self.chunk = check_positive_int("chunk", chunk)
+        self.fista_iters = check_positive_int("fista_iters", fista_iters)
+        if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
+            raise ValueError(f"ridge must be a finite number >= 0; got {ridge!r}")
+        self.ridge = float(ridge)
+
+    # ------------------------------------------------------------------ projections
+    def _qkv(self, x):
+        self._check_input(x)
+        q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        return F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,)), v
+
+    def _readout(self, q, k, v, gate, exclude):
+        if self.hybrid:
+            return sv_hybrid_readout(q, k, v, gate, chunk=self.chunk, exclude=exclude)
+        return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.chunk,
+                              exclude=exclude)
+
+    # ------------------------------------------------------------------ the three paths
+    def forward(self, x, exclude=None):
+        """Training path: x (B, T, d_model) -> (B, T, d_model), batched approximate gate.
+
+        ``exclude`` (B, T) bool removes tokens from the gates and the readout.
+        """
+        q, k, v = self._qkv(x)
+        gate = sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk,
+                       iters=self.fista_iters, ridge=self.ridge, exclude=exclude)
+        return self.o_proj(self._readout(q, k, v, gate, exclude).flatten(-2))
+
+    def forward_exact(self, x, exclude=None):
+        """Exact-gate path: the same readout on coefficients from the fp64 exact solver."""
+        q, k, v = self._qkv(x)
+        gate = exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, exclude=exclude)
+        return self.o_proj(self._readout(q, k, v, gate, exclude).flatten(-2))
+
+    def gate(self, x, *, exact=False, exclude=None):
+        """The gate coefficients of every chunk boundary (:class:`SVGate`) for input x."""
+        _, k, _ = self._qkv(x)
+        if exact:
+            return exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk,
+                                 exclude=exclude)
+        return sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, iters=self.fista_iters,
+                       ridge=self.ridge, exclude=exclude)
+
+    def init_state(self, batch_size, *, budget=None):
+        """A fresh exact streaming state for ``batch_size`` sequences (see SVStreamState)."""
+        return SVStreamState(self, batch_size, budget=budget)
+
+    def forward_with_state(self, x, state=None):
+        """Exact streaming: continue the sequences of ``state`` with x (B, T, d_model)."""
+        self._check_input(x)
+        if state is None:
+            state = self.init_state(x.shape[0])
+        if state.layer is not self or state.batch_size != x.shape[0]:
+            raise ValueError("state belongs to another layer or batch size")
+        outs = [state._push(self, x[:, t]) for t in range(x.shape[1])]
+        return torch.stack(outs, 1), state
+
+
+class HybridSVAttention(CausalSVAttention):
+    """SV-Attention with a dense local path (paper Fig. 2b).
+
+    A query at t attends with a learned q.k softmax over all of [0, t]: keys of the long-range
+    prefix (before t's chunk) are multiplied by their gate multiplier ``a_i / C``, keys of t's
+    own chunk (up to t) are read directly. Same parameters as :class:`CausalSVAttention`.
+    """
+
+    hybrid = True
+
+
+class SVStreamState:
+    """Exact streaming state of one SV layer for ``batch_size`` sequences.
+
+    Per (sequence, head): an :class:`svtoolkit.IncrementalSVDD` over the admitted long-range
+    keys (fp64), their values, and the gate multipliers. Per sequence: the current chunk's
+    tokens (read directly by the hybrid; admitted at the next boundary).
+
+    Parameters
+    ----------
+    layer : CausalSVAttention or HybridSVAttention
+    batch_size : int
+    budget : int, optional
+        Admitted keys per (sequence, head) above which certified reserve keys are evicted at a
+        boundary. Keys with weight > 0 are never evicted (the certificate would not hold), so a
+        support set larger than the budget keeps the memory above it (``over_budget`` counts
+        such boundaries).
+    """
+
+    def __init__(self, layer, batch_size, *, budget=None):
+        self.layer = layer
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        if budget is not None:
+            budget = check_positive_int("budget", budget)
+        self.budget = budget
+        self.position = 0
+        H = layer.n_heads
+        self.solvers = [[IncrementalSVDD(layer.C, layer.sigma) for _ in range(H)]
+                        for _ in range(batch_size)]
+        self.ids = [[{} for _ in range(H)] for _ in range(batch_size)]  # position -> solver id
+        self.keys = [{} for _ in range(batch_size)]  # position -> (H, D) normalised key
+        self.values = [{} for _ in range(batch_size)]  # position -> (H, Dv)
+        self.local = [[] for _ in range(batch_size)]  # current-chunk positions
+        # admitted, not forgotten positions - evicted ones included: the warm-up rule counts
+        # the prefix, so that a certified eviction cannot switch the gate off
+        self.prefix_size = [0] * batch_size
+        self.forgotten = [set() for _ in range(batch_size)]
+        self.multipliers = [[{} for _ in range(H)] for _ in range(batch_size)]
+        self.evicted = 0
+        self.over_budget = 0
+
+    # ------------------------------------------------------------------ deletion
+    def forget(self, b, position):
+        """Delete token ``position`` of sequence ``b`` from the memory.
+
+        Returns
+        -------
+        str
+            ``"decremented"`` (it was in the long-range gate: exact decrement, gate re-solved),
+            ``"masked"`` (it was in the current chunk: masked out of the local read and of
+            future admission), or ``"evicted"`` (a certified eviction had already removed it
+            from every head: nothing carried its weight).
+
+        Raises
+        ------
+        IndexError
+            ``b`` out of range, or ``position`` not seen yet.
+        KeyError
+            ``position`` already forgotten.
+        """
+        if not 0 <= b < self.batch_size:
+            raise IndexError(f"sequence {b} out of range for batch size {self.batch_size}")
+        if not 0 <= position < self.position:
+            raise IndexError(f"position {position} has not been seen (stream is at "
+                             f"{self.position})")
+        if position in self.forgotten[b]:
+            raise KeyError(f"position {position} of sequence {b} was already forgotten")
+        self.forgotten[b].add(position)
+        if position in self.local[b]:
+            return "masked"
+        self.prefix_size[b] -= 1
+        outcome = "evicted"
+        for h, solver in enumerate(self.solvers[b]):
+            key_id = self.ids[b][h].pop(position, None)
+            if key_id is not None:
+                solver.remove(key_id)
+                outcome = "decremented"
+            self._refresh(b, h)
+        self.keys[b].pop(position, None)
+        self.values[b].pop(position, None)
+        return outcome
+
+    # ------------------------------------------------------------------ internals
+    def _refresh(self, b, h):
+        """Multipliers of the admitted keys: a / C when the gate is on, else 1."""
+        solver = self.solvers[b][h]
+        mult = {}
+        if solver.certified and self.prefix_size[b] >= warmup_size(self.layer.C):
+            position_of = {i: p for p, i in self.ids[b][h].items()}
+            for key_id, a in zip(solver.ids, solver.alpha, strict=True):
+                mult[position_of[int(key_id)]] = a / self.layer.C
+        else:
+            mult = {p: 1.0 for p in self.ids[b][h]}
+        self.multipliers[b][h] = mult
+
+    def _admit_chunk(self, b):
+        for p in self.local[b]:
+            if p in self.forgotten[b]:
+                continue
+            for h, solver in enumerate(self.solvers[b]):
+                self.ids[b][h][p] = solver.add(self.keys[b][p][h].numpy())
+            self.prefix_size[b] += 1
+        self.local[b] = []
+        for h, solver in enumerate(self.solvers[b]):
+            if self.budget is not None and len(solver) > self.budget:
+                for key_id in solver.evict_reserve():
+                    position = next(p for p, i in self.ids[b][h].items() if i == key_id)
+                    del self.ids[b][h][position]
+                    self.evicted += 1
+                if len(solver) > self.budget:
+                    self.over_budget += 1
+            self._refresh(b, h)
+
+    def _push(self, layer, x_t):
+        """Process one token for every sequence: x_t (B, d_model) -> y_t (B, d_model)."""
+        q, k, v = layer._qkv(x_t[:, None])
+        q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
+        t = self.position
+        if t > 0 and t % layer.chunk == 0:
+            for b in range(self.batch_size):
+                self._admit_chunk(b)
+        outs = []
+        for b in range(self.batch_size):
+            self.keys[b][t] = k[b].detach().to("cpu", torch.float64)
+            self.values[b][t] = v[b]
+            self.local[b].append(t)
+            outs.append(self._read(layer, b, q[b], k, v))
+        self.position = t + 1
+        return layer.o_proj(torch.stack(outs).flatten(-2))
+
+    def _read(self, layer, b, q, k, v):
+        """Readout of one query (H, D) of sequence b -> (H, Dv)."""
+        H = layer.n_heads
+        outs = []
+        local = [p for p in self.local[b] if p not in self.forgotten[b]]
+        for h in range(H):
+            prefix = [p for p, m in self.multipliers[b][h].items() if m > 0]
+            mult = [self.multipliers[b][h][p] for p in prefix]
+            if layer.hybrid:
+                prefix, mult = prefix + local, mult + [1.0] * len(local)
+            if not prefix:
+                outs.append(torch.zeros_like(self.values[b][self.position][h]))
+                continue
+            keys = torch.stack([self.keys[b][p][h] for p in prefix]).to(q.dtype)
+            values = torch.stack([self.values[b][p][h] for p in prefix])
+            weight = torch.tensor(mult, dtype=q.dtype)
+            if layer.hybrid:
+                logits = keys @ q[h] / math.sqrt(layer.head_dim)
+                weight = weight * torch.exp(logits - logits.max())
+            else:
+                sq = ((keys - q[h]) ** 2).sum(-1)
+                weight = weight * torch.exp(-sq / layer.sigma**2)
+            total = weight.sum()
+            outs.append(weight @ values / total if total > 0 else torch.zeros_like(values[0]))
+        return torch.stack(outs)
+
+    def state_summary(self):
+        """Admitted keys per (sequence, head), evictions and budget overruns."""
+        return {
+            "position": self.position,
+            "admitted": np.array([[len(s) for s in row] for row in self.solvers]),
+            "evicted": self.evicted,
+            "over_budget": self.over_budget,
+        }

@@ -1,0 +1,149 @@
+"""The chunked scan shared by linear attention, DeltaNet, Gated DeltaNet and Tensor Cache.
+
+One recurrence covers them all (per batch row and head; S is a K x V matrix)::
+
+    S_t = a_t (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T          (with the delta correction)
+    S_t = a_t S_{t-1} + k_t v_t^T                                    (without it)
+    o_t = scale * S_t^T q_t                                          (read after the write)
+
+with a_t = exp(g_t), g_t <= 0. The chunked form (DeltaNet paper App. B; the gated variant of
+001_387078f61d5d094e.txt, "Making decay survive chunking") splits T into chunks of C tokens. In a
+chunk, with gamma_i = g_1 + ... + g_i the inclusive chunk-local cumulative log-decay:
+
+* the intra-chunk delta correction is a unit-lower-triangular solve (the WY/UT transform)::
+
+      (I + L) U = diag(b) V,   (I + L) W = diag(b exp(gamma)) K,
+      L_ij = b_i (k_i . k_j) exp(gamma_i - gamma_j)   for i > j, else 0;
+
+* with S the chunk-start state, the corrected values are ``U_eff = U - W S`` and::
+
+      O      = scale [ diag(exp(gamma)) Q S + (Q K^T * exp(gamma_i - gamma_j) * [i >= j]) U_eff ]
+      S_next = exp(gamma_C) S + (K * exp(gamma_C - gamma))^T U_eff.
+
+Every exponential is of a non-positive number: gamma_i, gamma_i - gamma_j for i >= j (the upper
+triangle is masked to 0 *before* exponentiating) and gamma_C - gamma_i. Nothing is divided by a
+cumulative decay, so strong decay cannot overflow. Without the delta correction U_eff = V.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._common import pad_time
+
+__all__ = ["chunk_scan"]
+
+
+def _to_chunks(x: torch.Tensor, n_chunks: int, chunk: int) -> torch.Tensor:
+    """``[B, T, H, *rest]`` -> ``[B, H, N, C, *rest]`` after zero-padding T to N*C."""
+    x = pad_time(x, n_chunks * chunk)
+    batch, _, heads = x.shape[:3]
+    x = x.transpose(1, 2)
+    return x.reshape(batch, heads, n_chunks, chunk, *x.shape[3:])
+
+
+def _decay_terms(g_chunks: torch.Tensor, causal: torch.Tensor):
+    """Decay factors of one chunk from the inclusive chunk-local cumsum of g (all exp args <= 0).
+
+    Returns ``(pair, to_start, to_end, total)`` with shapes ``[..., C, C]``, ``[..., C, 1]``,
+    ``[..., C, 1]`` and ``[...]``: exp(gamma_i - gamma_j) masked to i >= j, exp(gamma_i),
+    exp(gamma_C - gamma_i) and exp(gamma_C).
+    """
+    gamma = g_chunks.cumsum(dim=-1)
+    diff = gamma[..., :, None] - gamma[..., None, :]
+    pair = torch.where(causal, diff, torch.zeros_like(diff)).exp() * causal
+    to_start = gamma.exp()[..., None]
+    to_end = (gamma[..., -1:] - gamma).exp()[..., None]
+    total = gamma[..., -1].exp()
+    return pair, to_start, to_end, total
+
+
+def chunk_scan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    scale: float,
+    chunk_size: int,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the chunked recurrence on validated inputs already cast to one compute dtype.
+
+    Parameters
+    ----------
+    q, k : Tensor of shape (B, T, H, K)
+    v : Tensor of shape (B, T, H, V)
+    g : Tensor of shape (B, T, H) or None
+        Log-decay per token (<= 0); None means no decay (a_t = 1).
+    beta : Tensor of shape (B, T, H) or None
+        Delta-rule write strength; None means the plain additive write ``S += k v^T``.
+    scale : float
+        Multiplies the read ``S_t^T q_t``.
+    chunk_size : int
+        Chunk length C; the effective chunk is ``min(C, T)``.
+    initial_state : Tensor of shape (B, H, K, V) or None
+    output_final_state : bool
+
+    Returns
+    -------
+    o : Tensor of shape (B, T, H, V)
+    final_state : Tensor of shape (B, H, K, V) or None
+    """
+    batch, length, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    chunk = min(chunk_size, length)
+    n_chunks = math.ceil(length / chunk)
+    qc = _to_chunks(q, n_chunks, chunk) * scale  # [B, H, N, C, K]
+    kc = _to_chunks(k, n_chunks, chunk)  # [B, H, N, C, K]
+    vc = _to_chunks(v, n_chunks, chunk)  # [B, H, N, C, V]
+
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    if g is None:
+        pair = causal.to(q.dtype)
+        to_start = to_end = total = None
+    else:
+        # padded steps have g = 0: no decay, and k = 0: no write, so the state is unaffected
+        pair, to_start, to_end, total = _decay_terms(_to_chunks(g, n_chunks, chunk), causal)
+
+    if beta is None:
+        values, wy_keys = vc, None
+    else:
+        values, wy_keys = _wy_transform(kc, vc, _to_chunks(beta, n_chunks, chunk), pair, to_start)
+
+    scores = (qc @ kc.transpose(-1, -2)) * pair  # [B, H, N, C, C], causal incl. the diagonal
+    state = initial_state
+    if state is None:
+        state = q.new_zeros(batch, heads, key_dim, value_dim)
+    outputs = []
+    for n in range(n_chunks):
+        u = values[:, :, n]
+        if wy_keys is not None:
+            u = u - wy_keys[:, :, n] @ state  # U_eff = U - W S
+        q_n = qc[:, :, n] if to_start is None else qc[:, :, n] * to_start[:, :, n]
+        outputs.append(q_n @ state + scores[:, :, n] @ u)
+        k_n = kc[:, :, n] if to_end is None else kc[:, :, n] * to_end[:, :, n]
+        carried = state if total is None else total[:, :, n, None, None] * state
+        state = carried + k_n.transpose(-1, -2) @ u
+    o = torch.stack(outputs, dim=2).reshape(batch, heads, n_chunks * chunk, value_dim)
+    o = o[:, :, :length].transpose(1, 2)
+    return o, (state if output_final_state else None)
+
+
+def _wy_transform(kc, vc, beta_c, pair, to_start):
+    """UT transform: solve (I + L) [U, W] = [diag(b) V, diag(b exp(gamma)) K] per chunk."""
+    chunk = kc.shape[-2]
+    strict = torch.ones(chunk, chunk, dtype=torch.bool, device=kc.device).tril(-1)
+    gram = (kc @ kc.transpose(-1, -2)) * pair * beta_c[..., :, None]
+    lower = torch.eye(chunk, dtype=kc.dtype, device=kc.device) + gram * strict
+    rhs_keys = kc * beta_c[..., None]
+    if to_start is not None:
+        rhs_keys = rhs_keys * to_start
+    rhs = torch.cat([vc * beta_c[..., None], rhs_keys], dim=-1)
+    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    value_dim = vc.shape[-1]
+    return solved[..., :value_dim], solved[..., value_dim:]

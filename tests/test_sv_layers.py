@@ -1,0 +1,313 @@
+"""SV-Attention sequence layers: the batched gate against per-prefix references, the readouts
+against per-token loops, the exact gate against fresh solves, causality, warm-up, streaming,
+deletion semantics, certified eviction and gradients.
+
+Tolerances: fp64 comparisons of the same computation organised differently 1e-12; the
+batched (ridged, FISTA) gate against the exact gate is approximate (documented bound below).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from svtoolkit import IncrementalSVDD  # noqa: E402
+from svtoolkit.torch import fista_svdd, partition_masks, ridged_svdd_solve  # noqa: E402
+from svtoolkit.torch.layers.sv import CausalSVAttention, HybridSVAttention  # noqa: E402
+from svtoolkit.torch.ops.sv_attention import (  # noqa: E402
+    SVGate,
+    chunk_ends,
+    exact_sv_gate,
+    rbf_gram,
+    sv_gate,
+    sv_hybrid_readout,
+    sv_rbf_readout,
+    warmup_size,
+)
+
+LAYERS = [CausalSVAttention, HybridSVAttention]
+#: Batched (80 FISTA iterations, ridge 1e-3) vs exact gate at this size: layer outputs.
+BATCHED_VS_EXACT_OUTPUT = 5e-3
+
+
+def _inputs(B=2, T=29, d=32, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, d, generator=g, dtype=dtype)
+
+
+def _layer(cls, seed=0, dtype=torch.float64, **kw):
+    torch.manual_seed(seed)
+    opts = dict(chunk=8, C=0.25)
+    opts.update(kw)
+    return cls(32, 4, **opts).to(dtype)
+
+
+def _keys(B=2, T=29, H=2, D=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, H, D, generator=g, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------- the gates
+def test_chunk_ends_and_warmup_size():
+    assert chunk_ends(29, 8) == [8, 16, 24]
+    assert chunk_ends(24, 8) == [8, 16]
+    assert chunk_ends(5, 8) == []
+    assert warmup_size(0.25) == 6 and warmup_size(0.1) == 12 and warmup_size(0.3) == 6
+
+
+def test_batched_gate_equals_each_prefix_solved_alone():
+    k = _keys()
+    C, sigma, chunk = 0.2, 2.0, 8
+    exclude = torch.zeros(2, 29, dtype=torch.bool)
+    exclude[0, 3] = exclude[1, 12] = True
+    gate = sv_gate(k, C=C, sigma=sigma, chunk=chunk, exclude=exclude)
+    for b in range(2):
+        for h in range(2):
+            for j, end in enumerate(gate.ends):
+                keep = [t for t in range(end) if not exclude[b, t]]
+                x = k[b, keep, h][None, None]
+                K = rbf_gram(x, x, sigma)[0]
+                a0 = fista_svdd(K, C, iters=80)
+                margin, error = partition_masks(a0, C)
+                a, _, valid = ridged_svdd_solve(K, C, margin, error)
+                expected = torch.zeros(gate.alpha.shape[-1], dtype=torch.float64)
+                expected[keep] = a[0]
+                np.testing.assert_allclose(gate.alpha[b, h, j], expected, rtol=0, atol=1e-12)
+                on = bool(valid[0]) and len(keep) >= warmup_size(C)
+                assert bool(gate.gated[b, h, j]) == on
+
+
+def test_exact_gate_equals_a_fresh_solve_of_each_prefix():
+    k = _keys(seed=2)
+    C, sigma = 0.2, 2.0
+    exclude = torch.zeros(2, 29, dtype=torch.bool)
+    exclude[1, 9] = True
+    gate = exact_sv_gate(k, C=C, sigma=sigma, chunk=8, exclude=exclude)
+    assert gate.exact and gate.alpha.dtype == torch.float64
+    for b in range(2):
+        for h in range(2):
+            for j, end in enumerate(gate.ends):
+                keep = [t for t in range(end) if not exclude[b, t]]
+                fresh = IncrementalSVDD(C, sigma)
+                fresh.extend(k[b, keep, h].numpy())
+                assert bool(gate.gated[b, h, j]) == (fresh.certified and len(keep) >= 6)
+                if fresh.certified:
+                    np.testing.assert_allclose(gate.alpha[b, h, j, keep], fresh.alpha,
+                                               rtol=0, atol=1e-12)
+
+
+def test_warmup_boundaries_are_ungated():
+    # C = 0.25: gated from ceil(1/C) + 2 = 6 keys; chunk 4 -> boundaries at 4 (off), 8, 12 (on)
+    k = _keys(T=14, seed=3)
+    gate = sv_gate(k, C=0.25, sigma=2.0, chunk=4)
+    assert gate.ends == [4, 8, 12]
+    assert not gate.gated[:, :, 0].any() and gate.gated[:, :, 1:].all()
+    m = gate.multipliers()
+    assert torch.all(m[:, :, 0, :4] == 1) and torch.all(m[:, :, 0, 4:] == 0)
+
+
+# ------------------------------------------------------------------------------- readouts
+def _loop_readout(q, k, v, gate, *, sigma, chunk, hybrid, exclude):
+    """Per-token reference: query t reads its prefix with the gate multipliers (and, hybrid,
+    its own chunk up to t with weight 1)."""
+    B, T, H, D = q.shape
+    out = torch.zeros(B, T, H, v.shape[-1], dtype=q.dtype)
+    mult = gate.multipliers()
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                c = t // chunk
+                idx, w = [], []
+                for i in range(c * chunk):
+                    if not exclude[b, i] and mult[b, h, c - 1, i] > 0:
+                        idx.append(i)
+                        w.append(float(mult[b, h, c - 1, i]))
+                if hybrid:
+                    for i in range(c * chunk, t + 1):
+                        if not exclude[b, i]:
+                            idx.append(i)
+                            w.append(1.0)
+                if not idx:
+                    continue
+                w = torch.tensor(w, dtype=q.dtype)
+                keys = k[b, idx, h]
+                if hybrid:
+                    logits = keys @ q[b, t, h] / math.sqrt(D)
+                    w = w * torch.exp(logits - logits.max())
+                else:
+                    w = w * torch.exp(-((keys - q[b, t, h]) ** 2).sum(-1) / sigma**2)
+                out[b, t, h] = w @ v[b, idx, h] / w.sum()
+    return out
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_readouts_match_the_per_token_loop(hybrid):
+    q, k, v = _keys(seed=4), _keys(seed=5), _keys(seed=6)
+    exclude = torch.zeros(2, 29, dtype=torch.bool)
+    exclude[0, 2] = exclude[1, 20] = True
+    gate = sv_gate(k, C=0.2, sigma=2.0, chunk=8, exclude=exclude)
+    if hybrid:
+        got = sv_hybrid_readout(q, k, v, gate, chunk=8, exclude=exclude)
+    else:
+        got = sv_rbf_readout(q, k, v, gate, sigma=2.0, chunk=8, exclude=exclude)
+    ref = _loop_readout(q, k, v, gate, sigma=2.0, chunk=8, hybrid=hybrid, exclude=exclude)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12)
+
+
+def test_first_chunk_of_the_pure_gate_outputs_zero_and_is_never_nan():
+    q, k, v = _keys(seed=7), _keys(seed=8), _keys(seed=9)
+    gate = sv_gate(k, C=0.2, sigma=2.0, chunk=8)
+    out = sv_rbf_readout(q, k, v, gate, sigma=2.0, chunk=8)
+    assert torch.all(out[:, :8] == 0) and torch.isfinite(out).all()
+    far = sv_rbf_readout(q + 1e3, k, v, gate, sigma=2.0, chunk=8)  # every weight underflows
+    assert torch.isfinite(far).all() and torch.all(far == 0)
+
+
+# ------------------------------------------------------------------------------- layers
+@pytest.mark.parametrize("cls", LAYERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layers_are_exactly_causal(cls, dtype):
+    layer = _layer(cls, dtype=dtype)
+    x = _inputs(dtype=dtype)
+    y = layer(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    for cut in (5, 8, 17, 28):
+        x2 = x.clone()
+        x2[:, cut:] = _inputs(seed=9, dtype=dtype)[:, cut:]
+        assert torch.equal(layer(x2)[:, :cut], y[:, :cut])
+        assert torch.equal(layer.forward_exact(x2)[:, :cut], layer.forward_exact(x)[:, :cut])
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_batched_layer_agrees_with_the_exact_layer(cls):
+    layer = _layer(cls)
+    x = _inputs()
+    gap = (layer(x) - layer.forward_exact(x)).abs().max().item()
+    assert gap <= BATCHED_VS_EXACT_OUTPUT
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_streaming_reproduces_the_exact_forward(cls):
+    layer = _layer(cls)
+    x = _inputs(T=27)
+    y, state = layer.forward_with_state(x[:, :13])
+    y2, state = layer.forward_with_state(x[:, 13:], state)
+    steps = []
+    state2 = layer.init_state(2)
+    for t in range(27):
+        out, state2 = layer.step(x[:, t], state2)
+        steps.append(out)
+    ref = layer.forward_exact(x)
+    np.testing.assert_allclose(torch.cat([y, y2], 1).detach(), ref.detach(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(torch.stack(steps, 1).detach(), ref.detach(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_forget_equals_a_run_without_the_token(cls):
+    layer = _layer(cls)
+    x = _inputs(T=30)
+    state = layer.init_state(2)
+    outs = []
+    for t in range(30):
+        if t == 21:  # stream is in chunk 2 (positions 16..23); chunks 0-1 are admitted
+            assert state.forget(0, 5) == "decremented"
+            assert state.forget(0, 17) == "masked"
+            assert state.forget(1, 20) == "masked"
+        if t == 26:
+            assert state.forget(1, 11) == "decremented"
+        out, state = layer.step(x[:, t], state)
+        outs.append(out)
+    outs = torch.stack(outs, 1).detach()
+    ex = torch.zeros(2, 30, dtype=torch.bool)
+    ex[0, 5] = ex[0, 17] = ex[1, 20] = True
+    ref = layer.forward_exact(x, exclude=ex).detach()
+    np.testing.assert_allclose(outs[0, 21:], ref[0, 21:], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(outs[1, 21:26], ref[1, 21:26], rtol=0, atol=1e-12)
+    ex[1, 11] = True
+    ref = layer.forward_exact(x, exclude=ex).detach()
+    np.testing.assert_allclose(outs[1, 26:], ref[1, 26:], rtol=0, atol=1e-12)
+    assert (outs[0, 8:21] - ref[0, 8:21]).abs().max() > 1e-6  # history is not rewritten
+
+
+def test_forget_rejects_bad_requests_and_changes_nothing():
+    layer = _layer(HybridSVAttention)
+    _, state = layer.forward_with_state(_inputs(T=10))
+    with pytest.raises(IndexError, match="position 10 has not been seen"):
+        state.forget(0, 10)
+    with pytest.raises(IndexError, match="sequence 2 out of range"):
+        state.forget(2, 1)
+    state.forget(0, 1)
+    with pytest.raises(KeyError, match="position 1 of sequence 0 was already forgotten"):
+        state.forget(0, 1)
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_certified_eviction_changes_no_output(cls):
+    """Evicting reserve keys (weight exactly 0) changes no output - until the next admission,
+    which solves a problem without them (the certificate's scope)."""
+    layer = _layer(cls, C=0.2)
+    x = _inputs(T=40, seed=3)
+    free = layer.init_state(2)
+    tight = layer.init_state(2, budget=6)
+    first_eviction = None
+    for t in range(40):
+        y_free, free = layer.step(x[:, t], free)
+        y_tight, tight = layer.step(x[:, t], tight)
+        if first_eviction is None and tight.evicted:
+            first_eviction = t
+        if first_eviction is None or t < first_eviction + layer.chunk:
+            np.testing.assert_allclose(y_tight.detach(), y_free.detach(), rtol=0, atol=1e-12)
+    assert first_eviction is not None and first_eviction % layer.chunk == 0
+    summary = tight.state_summary()
+    assert (summary["admitted"] < free.state_summary()["admitted"]).any()
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_lengths_that_are_not_a_multiple_of_the_chunk(cls):
+    layer = _layer(cls)
+    for T in (1, 7, 8, 9, 23):
+        x = _inputs(T=T)
+        y = layer(x)
+        assert y.shape == (2, T, 32) and torch.isfinite(y).all()
+        np.testing.assert_allclose(layer.forward_with_state(x)[0].detach(),
+                                   layer.forward_exact(x).detach(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_gradcheck_of_the_layer(cls):
+    """fp64 gradcheck of the training path on a tiny size. The FISTA partition is held fixed
+    under the perturbation (the test asserts it does not change); gradients flow through the
+    ridged solve and the readout."""
+    torch.manual_seed(0)
+    layer = cls(8, 2, chunk=4, C=0.3, fista_iters=400).double()
+    x = torch.randn(1, 10, 8, dtype=torch.float64, requires_grad=True)
+    gate0 = layer.gate(x)
+    masks0 = (gate0.alpha > 1e-3 * 0.3)
+
+    def fn(inp):
+        gate = layer.gate(inp)
+        assert torch.equal(gate.alpha > 1e-3 * 0.3, masks0)  # partition locally stable
+        return layer(inp)
+
+    assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_constructor_rejects_bad_options():
+    with pytest.raises(ValueError, match="C must be a finite number > 0"):
+        CausalSVAttention(32, 4, C=0.0)
+    with pytest.raises(ValueError, match="sigma must be finite and > 0"):
+        CausalSVAttention(32, 4, sigma=-1.0)
+    with pytest.raises(ValueError, match="chunk"):
+        CausalSVAttention(32, 4, chunk=0)
+    with pytest.raises(ValueError, match="exclude must be a bool tensor"):
+        _layer(CausalSVAttention)(_inputs(), exclude=torch.zeros(2, 3, dtype=torch.bool))
+
+
+def test_gate_object_shapes():
+    gate = sv_gate(_keys(), C=0.2, sigma=2.0, chunk=8)
+    assert isinstance(gate, SVGate) and gate.alpha.shape == (2, 2, 3, 24)
+    assert gate.gated.shape == (2, 2, 3) and not gate.exact
