@@ -21,8 +21,15 @@ from ._jit import njit
 
 __all__ = ["fista_batch", "fista_prefix_batch"]
 
-#: Safeguard on the projection's root search (the torch path uses the same value).
+# Settings of the batched path, shared by the torch and MLX twins and this kernel.
+#: Power iterations behind the Lipschitz bound (the bound is valid after any number of them).
+POWER_ITERS = 16
+#: Safeguard on the projection's root search; a warning is issued if any row hits it.
 PROJECTION_MAX_ITER = 100
+#: Default relative threshold of ``partition_masks`` (a fraction of C).
+PARTITION_TOL = 1e-3
+#: Default ridge on the margin block of the bordered system (paper eq. 6).
+RIDGE = 1e-3
 
 
 @njit(parallel=True, cache=True)

@@ -31,6 +31,9 @@ import warnings
 import numpy as np
 import torch
 
+from .._fista import PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
+from .._validation import check_positive
+
 __all__ = [
     "project_capped_simplex",
     "fista_svdd",
@@ -39,28 +42,11 @@ __all__ = [
     "lipschitz_bound",
 ]
 
-#: Power iterations behind the Lipschitz bound (the bound is valid after any number of them).
-POWER_ITERS = 16
-#: Safeguard on the projection's root search; a warning is issued if any row hits it.
-PROJECTION_MAX_ITER = 100
-#: Default relative threshold of :func:`partition_masks` (a fraction of C).
-PARTITION_TOL = 1e-3
-#: Default ridge on the margin block of the bordered system (paper eq. 6).
-RIDGE = 1e-3
 
 
 # --------------------------------------------------------------------------------------------
 # input checks
 # --------------------------------------------------------------------------------------------
-
-
-def _check_C(C) -> float:
-    if isinstance(C, bool) or not isinstance(C, numbers.Real):
-        raise TypeError(f"C must be a real number; got {type(C).__name__}")
-    C = float(C)
-    if not math.isfinite(C) or C <= 0.0:
-        raise ValueError(f"C must be finite and > 0; got {C}")
-    return C
 
 
 def _check_float_tensor(x, name, ndim, shape_text):
@@ -238,7 +224,7 @@ def project_capped_simplex(y, C, *, mask=None):
     [[0.5, 0.375, 0.125]]
     """
     _check_float_tensor(y, "y", 2, "(G, n)")
-    C = _check_C(C)
+    C = check_positive(C, "C")
     mask = _check_mask(mask, y.shape, y.device)
     y = torch.where(mask, y.detach(), torch.zeros((), dtype=y.dtype, device=y.device))
     if not bool(torch.isfinite(y).all()):
@@ -350,7 +336,7 @@ def fista_svdd(K, C, *, mask=None, iters=80, restart=False, backend="auto"):
     There is no convergence certificate: see docs/batched.md for the measured accuracy.
     """
     K, mask = _check_gram(K, mask)
-    C = _check_C(C)
+    C = check_positive(C, "C")
     if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
         raise ValueError(f"iters must be an integer >= 0; got {iters!r}")
     if backend not in ("auto", "numba", "torch"):
@@ -453,7 +439,7 @@ def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
     bound into that bound's set.
     """
     _check_float_tensor(alpha, "alpha", 2, "(G, n)")
-    C = _check_C(C)
+    C = check_positive(C, "C")
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= tol < 0.5:
         raise ValueError(f"tol must be a real number in [0, 0.5); got {tol!r}")
     mask = _check_mask(mask, alpha.shape, alpha.device)
@@ -559,7 +545,7 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
     attached to these coefficients.
     """
     _check_float_tensor(K, "K", 3, "(G, n, n)")
-    C = _check_C(C)
+    C = check_positive(C, "C")
     if isinstance(ridge, bool) or not isinstance(ridge, numbers.Real) or not (
         math.isfinite(ridge) and ridge >= 0.0
     ):

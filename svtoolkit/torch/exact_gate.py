@@ -51,8 +51,6 @@ the manifold of symmetric matrices is its symmetric part.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -60,6 +58,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
+from .._validation import check_positive
 from ..exact import IncrementalSVDD
 
 __all__ = [
@@ -107,15 +106,6 @@ def rbf(a, b, *, sigma):
     """
     diff = a.unsqueeze(-2) - b.unsqueeze(-3)
     return torch.exp(-(diff * diff).sum(-1) / (sigma * sigma))
-
-
-def _check_scalar(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"{name} must be finite and > 0; got {value}")
-    return value
 
 
 def _check_tensor(x, name, ndim=None, shape_text=""):
@@ -418,8 +408,8 @@ def svdd_gate(keys, *, C, sigma):
     >>> keys.grad.shape
     torch.Size([20, 3])
     """
-    C = _check_scalar(C, "C")
-    sigma = _check_scalar(sigma, "sigma")
+    C = check_positive(C, "C")
+    sigma = check_positive(sigma, "sigma")
     _check_tensor(keys, "keys", 2, "(n, d)")
     n = keys.shape[0]
     if n * C < 1.0 - 1e-12:
@@ -462,7 +452,7 @@ def svdd_gate_from_gram(K, C, *, margin=None, error=None):
     :func:`svdd_gate` does with the solver's maintained one. For a non-symmetric K the map is
     the solution of the KKT equations as written (see the module docstring).
     """
-    C = _check_scalar(C, "C")
+    C = check_positive(C, "C")
     _check_tensor(K, "K", 2, "(n, n)")
     n = K.shape[0]
     if K.shape[1] != n or n == 0:
@@ -690,8 +680,8 @@ def sv_attention(keys, values, queries, *, C, sigma, return_info=False):
     * **Warm-up** (``n C < 1``): the gate is infeasible; the readout is ungated (a = 1/n, the
       normalised RBF readout, DESIGN.md §2.4), ``info.warmup`` is True and ``info.rho`` NaN.
     """
-    C = _check_scalar(C, "C")
-    sigma = _check_scalar(sigma, "sigma")
+    C = check_positive(C, "C")
+    sigma = check_positive(sigma, "sigma")
     _check_attention_inputs(keys, values, queries)
     out_dtype = torch.promote_types(torch.promote_types(keys.dtype, values.dtype), queries.dtype)
     batch = keys.shape[:-2]
@@ -758,8 +748,8 @@ class SVAttention(torch.nn.Module):
 
     def __init__(self, C, sigma):
         super().__init__()
-        self.C = _check_scalar(C, "C")
-        self.sigma = _check_scalar(sigma, "sigma")
+        self.C = check_positive(C, "C")
+        self.sigma = check_positive(sigma, "sigma")
         self.last_info = None
 
     def forward(self, keys, values, queries):

@@ -40,8 +40,9 @@ import math
 import numpy as np
 import torch
 
+from ..._fista import POWER_ITERS
 from ...exact import IncrementalSVDD
-from ..batched import POWER_ITERS, fista_svdd, partition_masks, ridged_svdd_solve
+from ..batched import fista_svdd, partition_masks, ridged_svdd_solve
 
 __all__ = [
     "SVGate",
