@@ -297,7 +297,7 @@ def test_gradcheck_of_the_layer(cls):
 
 
 def test_constructor_rejects_bad_options():
-    with pytest.raises(ValueError, match="C must be a finite number > 0"):
+    with pytest.raises(ValueError, match="C must be finite and > 0"):
         CausalSVAttention(32, 4, C=0.0)
     with pytest.raises(ValueError, match="sigma must be finite and > 0"):
         CausalSVAttention(32, 4, sigma=-1.0)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..._validation import check_positive
 from ...exact import IncrementalSVDD
 from ..ops._common import check_positive_int
 from ..ops.sv_attention import (
@@ -47,14 +48,6 @@ from ..ops.sv_attention import (
 from ._base import HeadsAttention
 
 __all__ = ["CausalSVAttention", "HybridSVAttention", "SVStreamState"]
-
-
-def _check_C(C):
-    if isinstance(C, bool) or not isinstance(C, (int, float)) or not (
-        math.isfinite(C) and C > 0
-    ):
-        raise ValueError(f"C must be a finite number > 0; got {C!r}")
-    return float(C)
 
 
 class CausalSVAttention(HeadsAttention):
@@ -87,10 +80,9 @@ class CausalSVAttention(HeadsAttention):
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
                  ridge=1e-3, **options):
         super().__init__(d_model, n_heads, **options)
-        self.C = _check_C(C)
-        self.sigma = math.sqrt(2.0 * self.head_dim) if sigma is None else float(sigma)
-        if not (math.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"sigma must be finite and > 0; got {sigma!r}")
+        self.C = check_positive(C, "C")
+        self.sigma = (math.sqrt(2.0 * self.head_dim) if sigma is None
+                      else check_positive(sigma, "sigma"))
         self.chunk = check_positive_int("chunk", chunk)
         self.fista_iters = check_positive_int("fista_iters", fista_iters)
         if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
