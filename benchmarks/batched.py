@@ -321,7 +321,9 @@ def main(argv=None):
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's own choice)")
+                        help="torch intra-op threads (default: torch's own choice). Values >= 2 "
+                             "trip torch 2.13's batched-LU thread bug (pytorch#142815); the "
+                             "ridged solve then falls back to one system at a time")
     parser.add_argument("--loop-sample", type=int, default=256,
                         help="problems timed for the exact-solver loop")
     parser.add_argument("--cvxpy-sample", type=int, default=16)

@@ -1,12 +1,16 @@
 """Forward+backward step time of every attention layer in one small language model.
 
-The model is the SV-Attention paper's 3.22M configuration (000_a3469575cc0b2d8e.txt, Sec. 7 and
-App. C): a pre-norm decoder, 4 layers, d_model 256, 4 heads, block 256, byte vocabulary (256),
-learned positional embeddings, weight-tied head, GELU MLP of width 4 d_model. Only the
-attention module changes between rows; it is looked up by name in
-``svtoolkit.torch.layers.ATTENTION_LAYERS``, so a layer registered there later (the SV layers)
-is benchmarked with ``--layers <name>`` and no other change (options via ``LAYER_OPTIONS`` or
-``--options``).
+The model is :class:`svtoolkit.torch.TinyLM` at the SV-Attention paper's 3.22M configuration
+(000_a3469575cc0b2d8e.txt, Sec. 7 and App. C): a pre-norm decoder, 4 layers, d_model 256,
+4 heads, block 256, byte vocabulary (256), learned positional embeddings, weight-tied head,
+GELU MLP of width 4 d_model. Only the attention module changes between rows; it is looked up
+by name in ``svtoolkit.torch.layers.ATTENTION_LAYERS`` (options via ``LAYER_OPTIONS`` or
+``--options``). The SV rows use the paper's setting: chunk 64, C 0.25, 80 FISTA iterations
+(batched training path: Numba FISTA partition finder on the CPU, ridged bordered solve,
+autograd).
+
+Goal (issue 6): the SV hybrid step at most 2x the unfused softmax step on a CPU (published:
+6.1x on an M3 Ultra CPU). GPU rows are not measured by this script (CPU only).
 
 Method: rows are timed in interleaved rounds (round r times every layer once), after warm-up
 steps, so slow drifts of the machine hit all rows alike. One step = forward, cross-entropy,
@@ -19,6 +23,7 @@ Usage::
 
     python benchmarks/layers.py                       # every row of LAYER_OPTIONS, batch 16
     python benchmarks/layers.py --batch 16 --layers softmax tensor_cache
+    python benchmarks/layers.py --layers sv_hybrid --profile sv_hybrid   # where the time goes
 """
 
 from __future__ import annotations
@@ -32,12 +37,11 @@ import sys
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from svtoolkit.torch.layers import ATTENTION_LAYERS
+from svtoolkit.torch import TinyLM
 
 CONFIG = dict(vocab=256, d_model=256, n_layers=4, n_heads=4, block=256)
 
@@ -52,72 +56,30 @@ LAYER_OPTIONS: dict[str, dict] = {
     "tensor_cache": {"window": 64, "rule": "outer", "chunk": 32},
     "tensor_cache_delta": {"window": 64, "rule": "delta", "chunk": 32},
     "infini": {"segment": 64},
+    "sv_hybrid": {"chunk": 64, "C": 0.25, "fista_iters": 80},
+    "sv": {"chunk": 64, "C": 0.25, "fista_iters": 80},
 }
+#: Issue 6: SV hybrid step / softmax step on a CPU, at most.
+SV_HYBRID_GOAL = 2.0
 # extra rows that reuse a registered class with other options: row name -> registry name
 ALIASES = {"tensor_cache_delta": "tensor_cache"}
 RESULTS = Path(__file__).with_name("results")
 
 
-class Block(nn.Module):
-    """Pre-norm block: x + attn(LN(x)), then x + MLP(LN(x))."""
-
-    def __init__(self, d_model: int, n_heads: int, attention: nn.Module):
-        super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(d_model), attention
-        self.ln_2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
-        )
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class BenchLM(nn.Module):
-    """Byte-level decoder with a pluggable attention (built by ``make_attention()`` per layer)."""
-
-    def __init__(self, make_attention, vocab, d_model, n_layers, n_heads, block):
-        super().__init__()
-        self.tok_emb = nn.Embedding(vocab, d_model)
-        self.pos_emb = nn.Embedding(block, d_model)
-        self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, make_attention()) for _ in range(n_layers)
-        )
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-        self.head.weight = self.tok_emb.weight  # weight tying
-        nn.init.normal_(self.tok_emb.weight, std=0.02)
-        nn.init.normal_(self.pos_emb.weight, std=0.02)
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok_emb(tokens) + self.pos_emb(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
-
-
-def build_model(row: str, options: dict) -> BenchLM:
-    cls = ATTENTION_LAYERS[ALIASES.get(row, row)]
+def build_model(row: str, options: dict) -> TinyLM:
     torch.manual_seed(0)
-
-    def make_attention():
-        return cls(CONFIG["d_model"], CONFIG["n_heads"], **options)
-
-    return BenchLM(make_attention, **CONFIG)
+    return TinyLM(**CONFIG, attn=ALIASES.get(row, row), attn_options=options)
 
 
-def train_step(model: nn.Module, tokens: torch.Tensor) -> float:
+def train_step(model: torch.nn.Module, tokens: torch.Tensor) -> float:
     for p in model.parameters():
         p.grad = None
-    logits = model(tokens[:, :-1])
-    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    _, loss = model(tokens[:, :-1], tokens[:, 1:])
     loss.backward()
     return loss.item()
 
 
-def check_model(model: nn.Module, tokens: torch.Tensor) -> dict:
+def check_model(model: torch.nn.Module, tokens: torch.Tensor) -> dict:
     """The answer behind the timing: finite loss and gradients, causal logits."""
     loss = train_step(model, tokens)
     grads_finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters())
@@ -125,7 +87,7 @@ def check_model(model: nn.Module, tokens: torch.Tensor) -> dict:
         x = tokens[:1, :-1]
         changed = x.clone()
         changed[0, 200] = (changed[0, 200] + 1) % CONFIG["vocab"]
-        leak = (model(changed)[0, :200] - model(x)[0, :200]).abs().max().item()
+        leak = (model(changed)[0][0, :200] - model(x)[0][0, :200]).abs().max().item()
     ok = bool(np.isfinite(loss) and grads_finite and leak == 0.0)
     return {"loss": loss, "grads_finite": grads_finite, "causal_leak": leak, "passed": ok}
 
@@ -141,6 +103,122 @@ def time_rows(models: dict, tokens: torch.Tensor, warmup: int, reps: int) -> dic
             train_step(model, tokens)
             times[row].append(time.perf_counter() - start)
     return times
+
+
+def set_threads(n):
+    """Use n threads for torch's OpenMP/BLAS work and for Numba.
+
+    * Numba and torch share the OpenMP runtime and Numba's first parallel launch resets the
+      process-wide OpenMP thread count to its own, so Numba's count is set too.
+    * ``torch.set_num_threads(k)`` with k >= 2 is avoided: in torch 2.13 CPU builds it makes
+      batched ``torch.linalg.solve`` (the SV layers' ridged solve) of matrices larger than about
+      150 return wrong results, raise "Pivots given to lu_solve must all be greater or equal to
+      1" or hang (pytorch/pytorch#142815; measured here). k >= 2 is set through threadpoolctl
+      instead (omp_set_num_threads / the BLAS setter), which does not trigger it.
+    """
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    if n == 1:
+        torch.set_num_threads(1)
+        return None
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=n)  # applied now; kept for the life of the process
+
+
+# ------------------------------------------------------------------------------ profile
+#: Functions of the SV forward pass timed by ``--profile`` (module, attribute, label).
+PROFILED = (
+    ("svtoolkit.torch.ops.sv_attention", "rbf_gram", "gram (RBF kernel)"),
+    ("svtoolkit.torch.ops.sv_attention", "_prefix_fista", "FISTA partition finder (Numba)"),
+    ("svtoolkit.torch.ops.sv_attention", "partition_masks", "partition masks"),
+    ("svtoolkit.torch.ops.sv_attention", "ridged_svdd_solve", "ridged bordered solve"),
+    ("svtoolkit.torch.layers.sv", "sv_hybrid_readout", "readout (hybrid)"),
+    ("svtoolkit.torch.layers.sv", "sv_rbf_readout", "readout (RBF)"),
+    ("svtoolkit.torch.layers.sv", "sv_gate", "sv_gate (other work)"),
+)
+
+
+class _ExclusiveTimer:
+    """Wraps functions so that each call adds its *exclusive* wall time (nested timed calls
+    subtracted) to a bucket; ``restore()`` puts the originals back."""
+
+    def __init__(self, targets):
+        import importlib
+
+        self.seconds, self._stack, self._patched = {}, [], []
+        for module_name, attr, label in targets:
+            module = importlib.import_module(module_name)
+            original = getattr(module, attr)
+            self._patched.append((module, attr, original))
+            setattr(module, attr, self._wrap(original, label))
+            self.seconds.setdefault(label, 0.0)
+
+    def _wrap(self, fn, label):
+        def timed(*args, **kwargs):
+            self._stack.append(0.0)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total = time.perf_counter() - start
+                nested = self._stack.pop()
+                self.seconds[label] += total - nested
+                if self._stack:
+                    self._stack[-1] += total
+
+        return timed
+
+    def restore(self):
+        for module, attr, original in self._patched:
+            setattr(module, attr, original)
+
+
+def profile_row(model, tokens, reps=3):
+    """Where one training step of ``model`` spends its time.
+
+    Forward: exclusive wall time of the SV op functions (:data:`PROFILED`), the rest of the
+    forward (projections, LayerNorm, MLP, head, loss) as the remainder. Backward: autograd
+    nodes grouped by name with ``torch.profiler`` (self CPU time). Medians over ``reps``
+    steps after one warm-up step.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    train_step(model, tokens)
+    forward_s, backward_s, parts = [], [], []
+    for _ in range(reps):
+        for p in model.parameters():
+            p.grad = None
+        timer = _ExclusiveTimer(PROFILED)
+        try:
+            start = time.perf_counter()
+            _, loss = model(tokens[:, :-1], tokens[:, 1:])
+            mid = time.perf_counter()
+        finally:
+            timer.restore()
+        loss.backward()
+        end = time.perf_counter()
+        forward_s.append(mid - start)
+        backward_s.append(end - mid)
+        parts.append(timer.seconds)
+    forward = statistics.median(forward_s)
+    breakdown = {label: statistics.median(p[label] for p in parts) for label in parts[0]}
+    breakdown = {k: v for k, v in breakdown.items() if v > 0}
+    breakdown["rest of the forward (projections, MLP, LayerNorm, head, loss)"] = (
+        forward - sum(breakdown.values()))
+    for p in model.parameters():
+        p.grad = None
+    _, loss = model(tokens[:, :-1], tokens[:, 1:])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss.backward()
+    nodes = {}
+    for event in prof.key_averages():
+        if event.key.startswith("autograd::engine::evaluate_function: "):
+            name = event.key.split(": ", 1)[1]
+            nodes[name] = nodes.get(name, 0.0) + event.cpu_time_total / 1e6
+    top = dict(sorted(nodes.items(), key=lambda kv: -kv[1])[:12])
+    return {"forward_s": forward, "backward_s": statistics.median(backward_s),
+            "forward_breakdown_s": breakdown,
+            "backward_top_autograd_nodes_s (inclusive, one profiled step)": top}
 
 
 def cpu_model() -> str:
@@ -164,12 +242,14 @@ def environment(threads: int) -> dict:
         "processor": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_num_threads": threads,
+        "numba_num_threads": numba.get_num_threads(),
+        "numba_threading_layer": numba.threading_layer(),
         "device": "cpu",
         "load_average_1_5_15min": os.getloadavg(),
     }
 
 
-def markdown_table(rows: list[dict], batch: int) -> str:
+def markdown_table(rows: list[dict], batch: int, goal=None, threads=None) -> str:
     lines = [
         "| layer | options | params | median s/step (min-max) | tokens/s | vs softmax |",
         "|---|---|---:|---:|---:|---:|",
@@ -181,7 +261,12 @@ def markdown_table(rows: list[dict], batch: int) -> str:
             f"({r['min_s']:.3f}-{r['max_s']:.3f}) | {r['tokens_per_s']:,.0f} | "
             f"{r['ratio_vs_softmax']:.2f}x |"
         )
-    lines.append(f"\nbatch {batch} x block {CONFIG['block']}, fp32, CPU")
+    lines.append(f"\nbatch {batch} x block {CONFIG['block']}, fp32, CPU ({threads} threads); "
+                 "GPU rows: not measured")
+    if goal is not None:
+        lines.append(f"\nGoal (issue 6): {goal['goal']} - measured {goal['ratio']:.2f}x: "
+                     f"{'met' if goal['met'] else 'NOT met'} (published: "
+                     f"{goal['published_ratio']}x)")
     return "\n".join(lines)
 
 
@@ -191,11 +276,16 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch and Numba (default: leave them as they are)")
     parser.add_argument("--options", type=json.loads, default={}, help='{"row": {"opt": value}}')
     parser.add_argument("--out", type=Path, default=RESULTS / "layers.json")
+    parser.add_argument("--profile", nargs="*", default=["sv_hybrid"],
+                        help="rows to profile after timing (forward/backward split, SV parts)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        set_threads(args.threads)
+    args.threads = torch.get_num_threads()
     rows = ["softmax"] + [r for r in args.layers if r != "softmax"]  # softmax is the reference
 
     gen = torch.Generator().manual_seed(0)
@@ -226,7 +316,17 @@ def main(argv=None):
                 "times_s": times[row],
             }
         )
-    table = markdown_table(results, args.batch)
+    profiles = {row: profile_row(models[row], tokens) for row in args.profile if row in models}
+    goal = None
+    if "sv_hybrid" in models:
+        ratio = statistics.median(times["sv_hybrid"]) / reference
+        goal = {"goal": f"sv_hybrid step <= {SV_HYBRID_GOAL}x softmax step (CPU)",
+                "ratio": ratio, "met": ratio <= SV_HYBRID_GOAL, "published_ratio": 6.11}
+    table = markdown_table(results, args.batch, goal, args.threads)
+    for row, prof in profiles.items():
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in prof["forward_breakdown_s"].items())
+        table += (f"\n\nProfile of one {row} step (s): forward {prof['forward_s']:.3f} "
+                  f"({parts}); backward {prof['backward_s']:.3f}")
     print(table)
     report = {
         "benchmark": "layers: forward+backward step of a 4-layer d256 h4 block-256 decoder",
@@ -234,6 +334,9 @@ def main(argv=None):
         "config": {**CONFIG, "batch": args.batch, "warmup": args.warmup, "reps": args.reps},
         "environment": environment(args.threads),
         "results": results,
+        "goal": goal,
+        "profiles": profiles,
+        "gpu": "not measured (CPU-only script; no GPU in this session)",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))

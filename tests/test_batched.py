@@ -100,15 +100,12 @@ def _one_torch_thread():
     made each small bmm 10-100x slower than one thread (measured: FISTA, G = 3, n = 40, 200
     iterations, 5.1 s with 2 threads vs 0.57 s with 1). Results do not depend on it.
     """
-    try:
-        import torch
-    except ImportError:  # the MLX backends still run
+    from threadpoolctl import threadpool_limits
+
+    # threadpoolctl, not torch.set_num_threads: restoring torch's thread count with the latter
+    # leaves torch 2.13's batched CPU LU broken for the rest of the session (pytorch#142815)
+    with threadpool_limits(limits=1, user_api="openmp"):
         yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(params=BACKENDS, ids=["-".join(b) for b in BACKENDS])
@@ -610,6 +607,49 @@ def test_fused_cpu_kernel_equals_the_tensor_path(gaussian_problems, dtype, resta
     assert torch.all(fused[~mt] == 0)
     with pytest.raises(ValueError, match="backend must be 'auto', 'numba' or 'torch'"):
         st.fista_svdd(Kt, C_SHARED, mask=mt, backend="cuda")
+
+
+_THREAD_BUG_SCRIPT = r"""
+import sys
+import numpy as np
+import torch
+sys.path.insert(0, sys.argv[1])
+import naive_batched as nb
+from svtoolkit.torch import ridged_svdd_solve
+
+torch.set_num_threads(2)  # torch 2.13's batched CPU LU is wrong after this (pytorch#142815)
+rng = np.random.default_rng(0)
+X = rng.standard_normal((6, 200, 4))
+K = np.stack([nb.rbf(x, x, 0.15) for x in X])
+C = 1.0 / 20.0
+margin = np.ones((6, 200), bool)
+error = np.zeros((6, 200), bool)
+alpha, rho, valid = ridged_svdd_solve(torch.tensor(K), C, torch.tensor(margin),
+                                      torch.tensor(error), ridge=1e-3)
+worst = 0.0
+for g in range(6):
+    a_ref, r_ref = nb.ridged_solve(K[g], C, np.flatnonzero(margin[g]), np.flatnonzero(error[g]),
+                                   1e-3)
+    worst = max(worst, float(np.abs(alpha[g].numpy() - a_ref).max()), abs(float(rho[g]) - r_ref))
+print(bool(valid.all()), worst)
+"""
+
+
+def test_ridged_solve_survives_the_torch_thread_bug(tmp_path):
+    """After torch.set_num_threads(2), torch 2.13's batched CPU LU returns wrong solutions
+    (or raises) for systems larger than ~150; the ridged solve checks every residual and
+    re-solves failing rows one at a time. Run in a subprocess: the bad state is global."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "thread_bug.py"
+    script.write_text(_THREAD_BUG_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    valid, worst = out.stdout.split()[-2:]
+    assert valid == "True" and float(worst) <= 1e-10
 
 
 # --------------------------------------------------------------------------------------------

@@ -54,7 +54,6 @@ def test_tiny_run_passes_and_writes_every_output(tiny_run):
     for name in ("forgetting_worst_vs_decay.png", "deviation_vs_condition.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "PASS  exact.stream" in console
-    assert "SKIP  forget.learned" in console
 
 
 def _strict_json(text):
@@ -74,11 +73,10 @@ def test_results_json_schema(tiny_run):
         assert check["passed"] in (True, False, None)
     required = {"trials", "partition_match", "dev_median", "dev_p95", "dev_mean", "dev_worst",
                 "decay_dev_median"}
-    assert set(results["regimes"]) == {"gaussian", "shuttle", "learned"}
+    assert set(results["regimes"]) == {"gaussian", "shuttle"}
     for name, regime in results["regimes"].items():
         assert required <= set(regime), name
     assert results["regimes"]["gaussian"]["trials"] == 3
-    assert results["regimes"]["learned"]["skipped"]
     assert results["meta"]["seeds"]["base"] == 7
 
 
@@ -211,3 +209,13 @@ def test_make_check_rejects_unknown_comparison():
 def test_cli_rejects_unknown_regime():
     with pytest.raises(SystemExit, match="unknown regime"):
         suite.config_from_args(["--regimes", "gaussian,nonsense"])
+
+
+def test_learned_keys_regime_trains_a_model_and_forgets_exactly():
+    pytest.importorskip("torch")
+    from verification.forgetting import REGIMES, run_trial
+
+    assert "learned" in REGIMES
+    trial = run_trial("learned", 0)
+    assert trial["status"] == "ok" and trial["n"] >= 30
+    assert trial["dev"] <= 1e-9

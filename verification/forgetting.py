@@ -25,6 +25,8 @@ on those trials; the decision function is compared everywhere.
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -120,6 +122,26 @@ def _shuttle(rng):
     return deduplicate(window, SHUTTLE_DEDUP)[0]
 
 
+#: The learned keys' RBF width: the SV layers' sqrt(2 D) at head width D = 16.
+LEARNED_SIGMA = math.sqrt(32.0)
+
+
+@lru_cache(maxsize=1)
+def _learned_contexts():
+    """Key sets of a small trained TinyLM (sv_hybrid): W_k projections of held-out text."""
+    from svtoolkit.torch.learned_keys import learned_key_sets
+
+    keys = learned_key_sets()
+    if not math.isclose(keys.sigma, LEARNED_SIGMA):
+        raise RuntimeError(f"learned keys have sigma {keys.sigma}, expected {LEARNED_SIGMA}")
+    return keys.key_sets
+
+
+def _learned(rng):
+    contexts = _learned_contexts()
+    return contexts[rng.integers(len(contexts))]
+
+
 REGIMES = {
     "gaussian": Regime(
         "gaussian", "Gaussian (n=24, d=6)", 1, _gaussian,
@@ -149,10 +171,18 @@ REGIMES = {
 }
 
 #: Regimes that cannot run yet, with the reason.
-SKIPPED_REGIMES = {
-    "learned": "learned-keys regime (keys from a trained model's W_k): svtoolkit has no trained "
-               "layers yet (issue 6), so there are no learned keys to solve",
-}
+REGIMES["learned"] = Regime(
+    "learned", "Learned keys (TinyLM sv_hybrid W_k, <=40 tokens, dedup 0.1)", 6, _learned,
+    sigma=LEARNED_SIGMA, goals={"dev_median": 1e-12, "dev_worst": 1e-9},
+    description="key projections of a small TinyLM with the hybrid SV layer, trained "
+                "deterministically on the Python standard library's source "
+                "(svtoolkit.torch.learned_keys); contexts of 40 consecutive held-out tokens "
+                "per layer and head, deduplicated within 0.1")
+SKIPPED_REGIMES = {}
+if importlib.util.find_spec("torch") is None:
+    del REGIMES["learned"]
+    SKIPPED_REGIMES["learned"] = ("learned-keys regime needs PyTorch to train the model that "
+                                  "produces the keys: pip install 'svtoolkit[torch]'")
 
 
 def _probes(X, rng):

@@ -358,7 +358,7 @@ def _markdown(results, figures):
         "## What this report does not show",
         "",
         f"- {SKIPPED_LABELS['learned']}: {results['regimes']['learned']['skipped']}."
-        if "learned" in results["regimes"] else "",
+        if results["regimes"].get("learned", {}).get("skipped") else "",
         "- The real-data regime uses NASA Shuttle sensor rows shipped with river, not the "
         "paper's MIMIC-IV records (credentialed access); the comparison with that row is by "
         "role, not by data.",

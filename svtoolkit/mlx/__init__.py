@@ -17,11 +17,17 @@ from .batched import (  # noqa: E402
 )
 
 # --- SV-Attention sequence layers ----------------------------------------------------------
+from .layers import CausalSVAttention, HybridSVAttention, from_torch  # noqa: E402
 
 __all__ = [
+    # batched training path
     "fista_svdd",
     "lipschitz_bound",
     "partition_masks",
     "project_capped_simplex",
     "ridged_svdd_solve",
+    # SV-Attention sequence layers
+    "CausalSVAttention",
+    "HybridSVAttention",
+    "from_torch",
 ]

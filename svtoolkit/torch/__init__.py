@@ -34,7 +34,7 @@ from .exact_gate import (  # noqa: E402
 )
 
 # --- SV-Attention sequence layers ----------------------------------------------------------
-from .layers import (  # noqa: E402  # noqa: E402
+from .layers import (  # noqa: E402
     ATTENTION_LAYERS,
     CausalSVAttention,
     DeltaNet,
@@ -48,6 +48,7 @@ from .layers import (  # noqa: E402  # noqa: E402
     SVStreamState,
     TensorCache,
 )
+from .model import TinyLM  # noqa: E402
 
 __all__ = [
     # exact differentiable gate
@@ -78,4 +79,5 @@ __all__ = [
     "CausalSVAttention",
     "HybridSVAttention",
     "SVStreamState",
+    "TinyLM",
 ]

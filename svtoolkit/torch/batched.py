@@ -34,6 +34,9 @@ import torch
 from .._fista import PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
 from .._validation import check_positive
 
+#: A ridged solution is accepted when |M u - c| <= RESIDUAL_TOL * w * eps * (|M| |u| + |c|).
+RESIDUAL_TOL = 64.0
+
 __all__ = [
     "project_capped_simplex",
     "fista_svdd",
@@ -584,17 +587,49 @@ def _solve_bucket(K, rows, margin_mask, error_mask, valid, width, C, ridge):
 def _solve_where(M, c, valid):
     """Solve M u = c on valid rows; other rows get the identity system (u = 0).
 
-    Returns ``u`` of shape (B, w + 1) and ``solved``: LU succeeded and u is finite.
-    Replacing rows before the solve (rather than masking after it) keeps NaN out of the
-    backward pass too.
+    Returns ``u`` of shape (B, w + 1) and ``solved``: LU succeeded, u is finite and its
+    residual is at rounding level. Replacing rows before the solve (rather than masking after
+    it) keeps NaN out of the backward pass too.
+
+    Every solution is checked (``|M u - c| <= RESIDUAL_TOL * (|M| |u| + |c|)``, an O(w^2)
+    product beside the O(w^3) solve). Rows that fail are solved again one at a time: batched
+    LU of torch 2.13 on a CPU returns wrong solutions silently (or raises) once
+    ``torch.set_num_threads`` has been called with 2 or more threads (pytorch#142815); the
+    one-matrix path is not affected.
     """
     eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M)
     M = torch.where(valid[:, None, None], M, eye)
     c = torch.where(valid[:, None], c, torch.zeros_like(c))
-    u, info = torch.linalg.solve_ex(M, c[:, :, None])
-    u = u[:, :, 0]
-    solved = (info == 0) & torch.isfinite(u.detach()).all(-1)
-    return u, solved
+    try:
+        u, info = torch.linalg.solve_ex(M, c[:, :, None])
+        u = u[:, :, 0]
+        ok = (info == 0) & _accurate(M, u, c)
+    except RuntimeError:  # the same torch bug can also raise from lu_solve
+        u = torch.zeros_like(c)
+        ok = torch.zeros_like(valid)
+    if not bool(ok.all()):
+        u = _solve_rows(M, c, u, ~ok)
+        ok = _accurate(M, u, c)
+    return u, ok
+
+
+def _accurate(M, u, c):
+    """Finite u with a backward error at rounding level, per row."""
+    with torch.no_grad():
+        residual = (torch.bmm(M, u[:, :, None])[:, :, 0] - c).abs().amax(-1)
+        scale = M.abs().amax((-2, -1)) * u.abs().amax(-1) + c.abs().amax(-1)
+        tol = RESIDUAL_TOL * M.shape[-1] * torch.finfo(M.dtype).eps
+        return torch.isfinite(u).all(-1) & (residual <= tol * scale)
+
+
+def _solve_rows(M, c, u, redo):
+    """Solve the rows ``redo`` one matrix at a time (differentiable), keep the others."""
+    fixed = {}
+    for i in redo.nonzero()[:, 0].tolist():
+        x, info = torch.linalg.solve_ex(M[i], c[i])
+        fixed[i] = x if int(info) == 0 else torch.zeros_like(x)
+    rows = [fixed.get(i, u[i]) for i in range(u.shape[0])]
+    return torch.stack(rows)
 
 
 def _scatter_solution(u, order, slot, error_mask, valid, C):

