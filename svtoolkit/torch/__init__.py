@@ -1,30 +1,27 @@
 """PyTorch side of svtoolkit (optional: ``pip install 'svtoolkit[torch]'``).
 
-Sections, one per capability; each imports from its own module:
+Capabilities, each in its own module:
 
-* exact differentiable gate (inverse-reusing backward)
-* batched training path (FISTA partition finder, ridged bordered solve)
-* memory layers svtoolkit is compared with (softmax, sliding window, linear attention, ...)
-* SV-Attention sequence layers
+* ``exact_gate`` - the exact differentiable gate (inverse-reusing backward)
+* ``batched`` - the batched training path (FISTA partition finder, ridged bordered solve)
+* ``ops`` / ``layers`` - the memory layers svtoolkit is compared with and the SV-Attention
+  sequence layers (``ATTENTION_LAYERS`` selects them by name)
+* ``model`` - TinyLM, a small byte-level decoder with a pluggable attention
 """
 
 from .._optional import require
 
 require("torch", feature="svtoolkit.torch")
 
-# --- exact differentiable gate -------------------------------------------------------------
-# --- memory layers (baselines) -------------------------------------------------------------
-from . import ops  # noqa: E402
-
-# --- batched training path -----------------------------------------------------------------
-from .batched import (  # noqa: E402
+from . import ops  # noqa: E402  (pure sequence ops; layout [B, T, H, D])
+from .batched import (  # noqa: E402  (batched training path)
     fista_svdd,
     lipschitz_bound,
     partition_masks,
     project_capped_simplex,
     ridged_svdd_solve,
 )
-from .exact_gate import (  # noqa: E402
+from .exact_gate import (  # noqa: E402  (exact differentiable gate)
     SVAttention,
     SVAttentionInfo,
     gate_from_solver,
@@ -32,9 +29,7 @@ from .exact_gate import (  # noqa: E402
     svdd_gate,
     svdd_gate_from_gram,
 )
-
-# --- SV-Attention sequence layers ----------------------------------------------------------
-from .layers import (  # noqa: E402
+from .layers import (  # noqa: E402  (memory layers and SV-Attention sequence layers)
     ATTENTION_LAYERS,
     CausalSVAttention,
     DeltaNet,
@@ -48,7 +43,7 @@ from .layers import (  # noqa: E402
     SVStreamState,
     TensorCache,
 )
-from .model import TinyLM  # noqa: E402
+from .model import TinyLM  # noqa: E402  (small decoder with a pluggable attention)
 
 __all__ = [
     # exact differentiable gate
