@@ -15,18 +15,22 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def machine_info(packages=("numpy", "numba", "scipy", "cvxpy", "clarabel", "scikit-learn",
-                           "torch", "mlx")):
-    """CPU model, core count, Python and package versions."""
-    cpu = platform.processor() or "unknown"
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo where available, else what ``platform`` knows."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info(packages=("numpy", "numba", "scipy", "cvxpy", "clarabel", "scikit-learn",
+                           "torch", "mlx")):
+    """CPU model, core count, Python and package versions."""
+    cpu = cpu_model()
     versions = {}
     for name in packages:
         try:

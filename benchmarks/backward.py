@@ -48,8 +48,11 @@ import numpy as np
 import torch
 from scipy.spatial.distance import pdist
 
-import svtoolkit
-from svtoolkit import IncrementalSVDD
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_model  # noqa: E402
+
+import svtoolkit  # noqa: E402
+from svtoolkit import IncrementalSVDD  # noqa: E402
 from svtoolkit.torch.exact_gate import (
     ExactGateFunction,
     GramGateFunction,
@@ -254,15 +257,7 @@ def bench_row(p, reps, warmup, with_cvxpylayers=False):
 
 
 def environment():
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     versions = {"python": sys.version.split()[0], "svtoolkit": svtoolkit.__version__,
                 "torch": torch.__version__, "numpy": np.__version__}
     for name in ("scipy", "numba", "cvxpy", "cvxpylayers", "diffcp", "scs"):

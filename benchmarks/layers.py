@@ -41,7 +41,10 @@ import numba
 import numpy as np
 import torch
 
-from svtoolkit.torch import TinyLM
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_model  # noqa: E402
+
+from svtoolkit.torch import TinyLM  # noqa: E402
 
 CONFIG = dict(vocab=256, d_model=256, n_layers=4, n_heads=4, block=256)
 
@@ -219,18 +222,6 @@ def profile_row(model, tokens, reps=3):
     return {"forward_s": forward, "backward_s": statistics.median(backward_s),
             "forward_breakdown_s": breakdown,
             "backward_top_autograd_nodes_s (inclusive, one profiled step)": top}
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo where available."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def environment(threads: int) -> dict:

@@ -46,7 +46,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from svtoolkit.torch.layers import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_model  # noqa: E402
+
+from svtoolkit.torch.layers import (  # noqa: E402
     InfiniAttention,
     SlidingWindowAttention,
     SoftmaxAttention,
@@ -59,18 +62,6 @@ from svtoolkit.torch.ops.naive import naive_tensor_cache_paths
 
 RESULTS = Path(__file__).with_name("results")
 MODEL = dict(n_layers=4, d_model=256, n_heads=4)
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo where available."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def environment() -> dict:

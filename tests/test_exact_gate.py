@@ -391,7 +391,8 @@ def test_support_mask_is_the_positive_coefficients_and_reserve_keys_are_inert():
     solver = solve(keys.numpy(), 0.1, 2.0)
     assert mask.dtype == torch.bool
     assert torch.equal(mask, torch.tensor(solver.alpha > 0))
-    assert 1 <= int(mask.sum()) < 40
+    n_support = int(mask.sum())
+    assert 0 < n_support < 40
     # evicting the reserve keys changes no readout
     full = layer(keys, values, queries)
     kept = mask.nonzero().squeeze(1)
