@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_model  # noqa: E402
 
 from svtoolkit.torch import TinyLM  # noqa: E402
+from svtoolkit.torch.threads import set_threads  # noqa: E402
 
 CONFIG = dict(vocab=256, d_model=256, n_layers=4, n_heads=4, block=256)
 
@@ -106,26 +107,6 @@ def time_rows(models: dict, tokens: torch.Tensor, warmup: int, reps: int) -> dic
             train_step(model, tokens)
             times[row].append(time.perf_counter() - start)
     return times
-
-
-def set_threads(n):
-    """Use n threads for torch's OpenMP/BLAS work and for Numba.
-
-    * Numba and torch share the OpenMP runtime and Numba's first parallel launch resets the
-      process-wide OpenMP thread count to its own, so Numba's count is set too.
-    * ``torch.set_num_threads(k)`` with k >= 2 is avoided: in torch 2.13 CPU builds it makes
-      batched ``torch.linalg.solve`` (the SV layers' ridged solve) of matrices larger than about
-      150 return wrong results, raise "Pivots given to lu_solve must all be greater or equal to
-      1" or hang (pytorch/pytorch#142815; measured here). k >= 2 is set through threadpoolctl
-      instead (omp_set_num_threads / the BLAS setter), which does not trigger it.
-    """
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    if n == 1:
-        torch.set_num_threads(1)
-        return None
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=n)  # applied now; kept for the life of the process
 
 
 # ------------------------------------------------------------------------------ profile

@@ -59,6 +59,7 @@ from svtoolkit.corpora import (  # noqa: E402
     resolve_name,
 )
 from svtoolkit.torch import TinyLM  # noqa: E402
+from svtoolkit.torch.threads import set_threads  # noqa: E402
 
 #: Attention options used when ``--attn-options`` is not given.
 DEFAULT_ATTN_OPTIONS = {
@@ -129,28 +130,6 @@ def _all_reduce_sum(values, device, world_size):
     if world_size > 1:
         dist.all_reduce(t)
     return t.tolist()
-
-
-def set_threads(n):
-    """Use n threads for torch's OpenMP/BLAS work and for Numba.
-
-    * Numba and torch share the OpenMP runtime and Numba's first parallel launch resets the
-      process-wide OpenMP thread count to its own, so Numba's count is set too.
-    * ``torch.set_num_threads(k)`` with k >= 2 is avoided: in torch 2.13 CPU builds it makes
-      batched ``torch.linalg.solve`` (the SV layers' ridged solve) of matrices larger than about
-      150 return wrong results, raise "Pivots given to lu_solve must all be greater or equal to
-      1" or hang (pytorch/pytorch#142815; measured here). k >= 2 is set through threadpoolctl
-      instead (omp_set_num_threads / the BLAS setter), which does not trigger it.
-    """
-    import numba
-
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    if n == 1:
-        torch.set_num_threads(1)
-        return None
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=n)  # applied now; kept for the life of the process
 
 
 # ------------------------------------------------------------------------------ training

@@ -7,6 +7,8 @@ Capabilities, each in its own module:
 * ``ops`` / ``layers`` - the memory layers svtoolkit is compared with and the SV-Attention
   sequence layers (``ATTENTION_LAYERS`` selects them by name)
 * ``model`` - TinyLM, a small byte-level decoder with a pluggable attention
+* ``threads`` - ``set_threads``: torch and Numba thread counts without torch 2.13's
+  batched-solve thread bug
 """
 
 from .._optional import require
@@ -44,6 +46,7 @@ from .layers import (  # noqa: E402  (memory layers and SV-Attention sequence la
     TensorCache,
 )
 from .model import TinyLM  # noqa: E402  (small decoder with a pluggable attention)
+from .threads import set_threads  # noqa: E402  (thread counts for torch and Numba)
 
 __all__ = [
     # exact differentiable gate
@@ -75,4 +78,6 @@ __all__ = [
     "HybridSVAttention",
     "SVStreamState",
     "TinyLM",
+    # threads
+    "set_threads",
 ]
