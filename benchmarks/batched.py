@@ -38,11 +38,13 @@ import sys
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 import torch
 
 import svtoolkit
 from svtoolkit import IncrementalSVDD
+from svtoolkit.torch import set_threads
 
 RESULTS = Path(__file__).with_name("results")
 SEED = 20261201
@@ -211,6 +213,7 @@ def environment():
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_num_threads": torch.get_num_threads(),
+        "numba_num_threads": numba.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:
@@ -321,9 +324,9 @@ def main(argv=None):
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's own choice). Values >= 2 "
-                             "trip torch 2.13's batched-LU thread bug (pytorch#142815); the "
-                             "ridged solve then falls back to one system at a time")
+                        help="threads for torch and Numba, set with svtoolkit.torch.set_threads "
+                             "(which avoids torch 2.13's batched-LU thread bug, pytorch#142815, "
+                             "and Numba's reset of the OpenMP thread count); default: leave both")
     parser.add_argument("--loop-sample", type=int, default=256,
                         help="problems timed for the exact-solver loop")
     parser.add_argument("--cvxpy-sample", type=int, default=16)
@@ -333,7 +336,7 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch.cuda.is_available() is False")
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
     sizes = (64, 1024) if args.quick else (64, 1024, 8192)
     load_before = os.getloadavg()
     rows, loop_rates = [], {}

@@ -4,12 +4,19 @@ An exact fp64 incremental/decremental SVDD (one-class SVM) gate over attention k
 certified selection (reserve tokens have weight exactly zero) and exact unlearning (a deletion
 leaves the state a fresh solve without the token would have, under the same fixed C).
 
-Public API (re-exports only):
+Public API re-exported here:
 
 * :func:`rbf_kernel` - RBF Gram / cross-kernel matrices (Numba, fp64).
-* :class:`IncrementalSVDD` - the exact maintained solver.
-* :mod:`svtoolkit.reference` - cvxpy interior-point reference with exact polish.
-* :mod:`svtoolkit.torch`, :mod:`svtoolkit.mlx` - optional framework layers (lazy imports).
+* :class:`IncrementalSVDD` (with :class:`MarginSystem`, :class:`SolverFailure`) - the exact
+  maintained solver; :func:`warmup` compiles its kernels ahead of time.
+* :class:`ForgettableMemory` (with :class:`DeletionReceipt`, :class:`Hit`,
+  :class:`MemoryFileError`, :class:`BudgetExceededWarning`) - the key-value memory with exact
+  deletion and certified eviction.
+
+Submodules imported explicitly (``import svtoolkit.torch``): :mod:`svtoolkit.reference` (cvxpy
+interior-point reference, extra ``verify``), :mod:`svtoolkit.torch` and :mod:`svtoolkit.mlx`
+(framework layers, extras ``torch`` / ``mlx``), :mod:`svtoolkit.selection`,
+:mod:`svtoolkit.data`, :mod:`svtoolkit.corpora`, :mod:`svtoolkit.embeddings` (extra ``text``).
 """
 
 from ._jit import warmup

@@ -170,7 +170,7 @@ REGIMES = {
                     "condition number ~1e14: numerically non-unique)"),
 }
 
-#: Regimes that cannot run yet, with the reason.
+# the learned-keys regime needs torch (it trains the model whose keys it uses)
 REGIMES["learned"] = Regime(
     "learned", "Learned keys (TinyLM sv_hybrid W_k, <=40 tokens, dedup 0.1)", 6, _learned,
     sigma=LEARNED_SIGMA, goals={"dev_median": 1e-12, "dev_worst": 1e-9},
@@ -178,6 +178,7 @@ REGIMES["learned"] = Regime(
                 "deterministically on the Python standard library's source "
                 "(svtoolkit.torch.learned_keys); contexts of 40 consecutive held-out tokens "
                 "per layer and head, deduplicated within 0.1")
+#: Regimes that cannot run in this environment, with the reason.
 SKIPPED_REGIMES = {}
 if importlib.util.find_spec("torch") is None:
     del REGIMES["learned"]
