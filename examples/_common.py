@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -42,3 +43,11 @@ def write_json(name, payload):
 def figure_path(name):
     RESULTS.mkdir(parents=True, exist_ok=True)
     return RESULTS / f"{name}.png"
+
+
+def parse_args(doc, argv=None):
+    """Command line of an example that takes no options: ``--help`` prints ``doc`` and
+    exits; anything else is refused (instead of silently running the experiment)."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser.parse_args(argv)

@@ -44,7 +44,7 @@ import numpy as np
 from scipy.signal import find_peaks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, figure_path, write_json  # noqa: E402
+from _common import environment, figure_path, parse_args, write_json  # noqa: E402
 
 from svtoolkit import rbf_kernel, warmup  # noqa: E402
 from svtoolkit.data import load_mitdb_ecg, sliding_windows  # noqa: E402
@@ -180,7 +180,8 @@ def plot(main_row, sweep, x, labels, path):
     fig.savefig(path, dpi=110)
 
 
-def main():
+def main(argv=None):
+    parse_args(__doc__, argv)
     t0 = time.perf_counter()
     warmup()
     x, labels = load_mitdb_ecg()

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, figure_path, write_json  # noqa: E402
+from _common import environment, figure_path, parse_args, write_json  # noqa: E402
 
 from svtoolkit import IncrementalSVDD, rbf_kernel, warmup  # noqa: E402
 from svtoolkit.embeddings import encode  # noqa: E402
@@ -66,7 +66,8 @@ def decision(keys, alpha, rho, probes):
     return 2.0 * rbf_kernel(probes, keys, sigma=SIGMA) @ alpha - 1.0 + rho
 
 
-def main():
+def main(argv=None):
+    parse_args(__doc__, argv)
     t0 = time.perf_counter()
     warmup()
     names = list(BINDINGS)

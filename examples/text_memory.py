@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, figure_path, write_json  # noqa: E402
+from _common import environment, figure_path, parse_args, write_json  # noqa: E402
 
 from svtoolkit import warmup  # noqa: E402
 from svtoolkit.embeddings import encode  # noqa: E402
@@ -207,7 +207,8 @@ def plot(a, b, path):
     fig.savefig(path, dpi=110)
 
 
-def main():
+def main(argv=None):
+    parse_args(__doc__, argv)
     t0 = time.perf_counter()
     warmup()
     fact_keys = encode([text for text, _ in FACTS.values()])
