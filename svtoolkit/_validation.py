@@ -11,7 +11,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["as_keys", "as_key", "check_positive", "check_sigma"]
+__all__ = ["as_keys", "as_key", "check_positive", "check_sigma", "largest_violation"]
 
 
 def _as_float_array(x, name):
@@ -70,5 +70,24 @@ def check_positive(value, name):
 
 
 def check_sigma(sigma):
-    """Kernel width: finite and ``> 0``."""
-    return check_positive(sigma, "sigma")
+    """Kernel width: finite, ``> 0``, and with ``sigma**2`` and ``1 / sigma**2`` both finite
+    normal numbers (the kernel is evaluated as ``exp(-|x - y|^2 / sigma^2)``)."""
+    sigma = check_positive(sigma, "sigma")
+    square = sigma * sigma
+    tiny = np.finfo(np.float64).tiny
+    if not (tiny <= square < math.inf and tiny <= 1.0 / square < math.inf):
+        raise ValueError(f"sigma={sigma!r} is out of range: sigma**2 and 1/sigma**2 must be "
+                         "finite normal floats (about 1.5e-154 < sigma < 6.7e153)")
+    return sigma
+
+
+def largest_violation(terms):
+    """The largest of a list of KKT violation terms; ``inf`` when any term is NaN.
+
+    Python's ``max`` silently drops a NaN that does not come first, which would make a broken
+    state look optimal; a NaN anywhere means the state is not a solution at all.
+    """
+    values = np.asarray(terms, dtype=np.float64)
+    if np.isnan(values).any():
+        return math.inf
+    return float(values.max())

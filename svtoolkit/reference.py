@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._optional import require
-from ._validation import as_keys, check_positive, check_sigma
+from ._validation import as_keys, check_positive, check_sigma, largest_violation
 from .kernels import rbf_kernel
 
 __all__ = [
@@ -105,21 +105,21 @@ def kkt_residual(K, C, alpha, rho, margin=None, error=None, reserve=None):
     """
     K = np.asarray(K, dtype=np.float64)
     alpha = np.asarray(alpha, dtype=np.float64)
+    given = [s is not None for s in (margin, error, reserve)]
+    if any(given) and not all(given):
+        raise ValueError("give all three of margin, error and reserve, or none of them")
     if margin is None:
         margin, error, reserve = _partition(alpha, C)
     g = _gradient_without_rho(K, alpha) + rho
     terms = [
         2.0 * abs(alpha.sum() - 1.0),
-        2.0 * max(0.0, float(np.max(-alpha))),
-        2.0 * max(0.0, float(np.max(alpha - C))),
+        2.0 * float(np.max(np.maximum(-alpha, 0.0), initial=0.0)),
+        2.0 * float(np.max(np.maximum(alpha - C, 0.0), initial=0.0)),
+        float(np.max(np.abs(g[margin]), initial=0.0)),
+        float(np.max(np.maximum(g[error], 0.0), initial=0.0)),
+        float(np.max(np.maximum(-g[reserve], 0.0), initial=0.0)),
     ]
-    if len(margin):
-        terms.append(float(np.max(np.abs(g[margin]))))
-    if len(error):
-        terms.append(float(np.max(np.maximum(g[error], 0.0))))
-    if len(reserve):
-        terms.append(float(np.max(np.maximum(-g[reserve], 0.0))))
-    return max(terms)
+    return largest_violation(terms)
 
 
 def _partition(alpha, C):

@@ -644,6 +644,159 @@ def test_state_dict_round_trip_is_bit_exact_and_validated():
         IncrementalSVDD.from_state_dict(bad)
 
 
+def _warm_state():
+    """A warm-up state (anchor present) and a certified one, for the damage tests."""
+    w = IncrementalSVDD(0.1, 1.0)
+    w.extend(np.random.default_rng(3).standard_normal((4, 3)))
+    assert not w.certified
+    return w
+
+
+def _damage(state, key, index, value):
+    state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in state.items()}
+    if index is None:
+        state[key] = value
+    else:
+        state[key] = state[key].astype(np.result_type(state[key], np.asarray(value)))
+        state[key][index] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    "key, index, value, msg",
+    [
+        ("ist", W._ANCHOR, 10**6, "anchor or current slot is outside"),
+        ("ist", W._CUR_C, 10**6, "anchor or current slot is outside"),
+        ("ist", W._M, 10**6, "sizes are inconsistent"),
+        ("status", 0, 7, "status codes must be"),
+        ("alpha", 0, np.nan, r"state\['alpha'\] contains NaN or inf"),
+        ("Xt", (0, 5), np.inf, r"state\['Xt'\] contains NaN or inf"),
+        ("R", (0, 0), np.nan, r"state\['R'\] contains NaN or inf"),
+        ("fs", 1, 0.123, "disagrees with C and sigma"),
+        ("fs", 2, 9.0, "disagrees with C and sigma"),
+        ("fs", 0, np.nan, "non-finite rho"),
+        ("spos", 0, 3, "margin positions"),
+        ("ids", 2, -5, "only the anchor slot holds -1"),
+        ("ids", 2, 0.5, "must hold integers"),
+        ("next_id", None, 10**30, "outside"),
+        ("audit_every", None, 2.7, "must be an integer"),
+        ("d", None, 0, "shape"),
+    ],
+)
+def test_from_state_dict_refuses_damaged_fields(key, index, value, msg):
+    """Every field a kernel indexes with or divides by is checked before use."""
+    state = _filled().state_dict()
+    with pytest.raises(ValueError, match=msg):
+        IncrementalSVDD.from_state_dict(_damage(state, key, index, value))
+
+
+def test_from_state_dict_refuses_coefficients_off_their_partition():
+    s = _filled()
+    state = s.state_dict()
+    for change, msg in [(lambda a: a * 2.0, "sum"), (lambda a: a[::-1].copy(), "partition")]:
+        with pytest.raises(ValueError, match=msg):
+            IncrementalSVDD.from_state_dict(_damage(state, "alpha", None, change(state["alpha"])))
+    w = _warm_state().state_dict()  # the anchor is the only slot allowed id -1 and a > C
+    assert IncrementalSVDD.from_state_dict(w).warmup_mass > 0
+    with pytest.raises(ValueError, match="only the anchor slot holds -1"):
+        IncrementalSVDD.from_state_dict(_damage(w, "ist", W._ANCHOR, -1))
+
+
+@pytest.mark.parametrize("key, figure", [("grad", "grad_drift"), ("R", "inverse_residual"),
+                                          ("KSt", "margin_rows_drift")])
+def test_consistency_exposes_tampered_maintained_state(key, figure):
+    """Structurally sound but wrong numbers load, and consistency() names them."""
+    s = _filled()
+    clean = s.consistency()
+    assert clean["kkt_residual"] < 1e-12 and clean["margin_rows_drift"] == 0.0
+    assert clean["grad_drift"] < 1e-12 and clean["inverse_residual"] < 1e-12
+    state = s.state_dict()
+    state[key] = state[key] + 0.01
+    found = IncrementalSVDD.from_state_dict(state).consistency()
+    assert found[figure] > 1e-3
+
+
+def test_kkt_residual_reads_nan_as_infinite():
+    """Python's max drops a NaN that does not come first; a broken state must not pass."""
+    from svtoolkit.reference import kkt_residual
+
+    s = _filled()
+    s._alpha[3] = np.nan
+    assert s.kkt_residual() == np.inf
+    assert s.consistency()["kkt_residual"] == np.inf
+    K = rbf_kernel(np.eye(3), sigma=1.0)
+    assert kkt_residual(K, 0.5, np.array([0.5, 0.5, np.nan]), 0.0) == np.inf
+    with pytest.raises(ValueError, match="all three"):
+        kkt_residual(K, 0.5, np.array([0.5, 0.5, 0.0]), 0.0, margin=[0])
+
+
+@pytest.mark.parametrize("sigma", [1e-200, 1e-160, 1e154, 1e155])
+def test_sigma_whose_square_leaves_the_float_range_is_refused(sigma):
+    with pytest.raises(ValueError, match="sigma=.* is out of range"):
+        IncrementalSVDD(1.0, sigma)
+    with pytest.raises(ValueError, match="sigma=.* is out of range"):
+        rbf_kernel(np.zeros((2, 2)), sigma=sigma)
+
+
+def test_extend_is_all_or_nothing_when_a_walk_fails():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((80, 3))
+    s = IncrementalSVDD(0.05, 1.0)
+    s.extend(X[:25])
+    before = state_arrays(s)
+    s.max_events = 5  # a later row of the batch needs more
+    with pytest.raises(SolverFailure, match="rebuilt from the 25 keys"):
+        s.extend(X[25:80])
+    s.max_events = None
+    assert len(s) == 25 and np.array_equal(s.ids, np.arange(25))
+    fresh = IncrementalSVDD(s.C, s.sigma)
+    fresh.extend(X[:25])
+    np.testing.assert_allclose(s.alpha, fresh.alpha, atol=1e-15)
+    assert before["next_id"] == s.state_dict()["next_id"] == 25
+    assert np.array_equal(s.extend(X[25:27]), [25, 26])
+
+
+def test_failed_first_admission_fixes_no_dimension():
+    s = IncrementalSVDD(0.5, 1.0)
+    s.max_events = 0
+    with pytest.raises(SolverFailure):
+        s.add([1.0, 2.0, 3.0])
+    s.max_events = None
+    assert len(s) == 0 and s.n_features is None and s.state_dict()["d"] == -1
+    assert s.add([1.0, 2.0]) == 0
+
+
+def test_failure_while_rebuilding_keeps_an_exact_prefix_and_returns_the_rest(monkeypatch):
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((30, 3))
+    s = IncrementalSVDD.from_nu(0.3, 30, 1.0)
+    s.extend(X)
+    admit = IncrementalSVDD._add_checked
+
+    def fail_on_key_17_while_rebuilding(self, x, new_id):
+        if self._rebuilding and new_id == 17:
+            raise SolverFailure("injected")
+        return admit(self, x, new_id)
+
+    monkeypatch.setattr(IncrementalSVDD, "_add_checked", fail_on_key_17_while_rebuilding)
+    s.max_events = 0
+    with pytest.raises(SolverFailure, match="first 17 of 30 keys") as info:
+        s.add(rng.standard_normal(3))
+    monkeypatch.undo()
+    s.max_events = None
+    assert np.array_equal(info.value.dropped_ids, np.arange(17, 30))
+    assert np.array_equal(info.value.dropped_keys, X[17:])
+    assert np.array_equal(s.ids, np.arange(17)) and s.kkt_residual() < 1e-12
+    assert s.add(X[0]) == 30  # issued ids are never handed out again
+
+
+def test_copy_keeps_settings():
+    s = _filled()
+    s.max_events = 77
+    twin = s.copy()
+    assert twin.max_events == 77 and twin.audit_every == s.audit_every
+
+
 def test_internal_tolerances_are_ordered():
     # a dependent point must be excluded before its sensitivity could be trusted, and every
     # operation that pivots near the exclusion threshold must end with a polish

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import as_key, as_keys, check_positive, check_sigma
+from .._validation import as_key, as_keys, check_positive, check_sigma, largest_violation
 from . import _walk as W
 
 __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure"]
@@ -32,6 +32,97 @@ class SolverFailure(RuntimeError):
     Raised after the solver has been rebuilt from the keys it held before the operation, so
     the state is that of a fresh solve of those keys.
     """
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+#: |sum(a) - 1| a stored state may show (the KKT residual itself is checked by the loader).
+STATE_SUM_TOL = 1e-9
+
+
+def _state_int(state, key, low, high):
+    """``state[key]`` as a Python int in [low, high], or ValueError naming the field."""
+    value = state[key]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral,
+                                                                      np.integer)):
+        raise ValueError(f"state[{key!r}] must be an integer; got {value!r}")
+    if not low <= int(value) <= high:
+        raise ValueError(f"state[{key!r}] = {value} is outside [{low}, {high}]")
+    return int(value)
+
+
+def _state_ints(state, key, shape):
+    """``state[key]`` as an int64 array of the given shape (integer dtype required)."""
+    arr = np.asarray(state[key])
+    if arr.shape != shape:
+        raise ValueError(f"state[{key!r}] has shape {arr.shape}, expected {shape}")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"state[{key!r}] must hold integers; got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def _state_floats(state, key, shape):
+    """``state[key]`` as a finite float64 array of the given shape."""
+    arr = np.asarray(state[key])
+    if arr.shape != shape:
+        raise ValueError(f"state[{key!r}] has shape {arr.shape}, expected {shape}")
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"state[{key!r}] must hold real numbers; got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"state[{key!r}] contains NaN or inf")
+    return arr
+
+
+def _check_state(state, n, m, d, solver):
+    """Structural checks of a stored state with n >= 1 keys, before any of it is used.
+
+    Everything the Numba kernels index with or divide by is checked, so a damaged state is
+    refused with a ValueError instead of reaching them: integer fields and their ranges,
+    finite floats, the anchor, the partition codes and their coefficients (reserve exactly 0,
+    error exactly C, margin strictly inside), the margin list against the status array and
+    its positions, ``sum(a) = 1``, and the derived constants against C and sigma. Optimality
+    itself is :meth:`IncrementalSVDD.consistency`'s job (O(n |support| d)).
+    """
+    for key, shape in {"Xt": (d, n), "alpha": (n,), "grad": (n,), "KSt": (m, n),
+                       "R": (m + 1, m + 1)}.items():
+        _state_floats(state, key, shape)
+    ids = _state_ints(state, "ids", (n,))
+    status = _state_ints(state, "status", (n,))
+    spos = _state_ints(state, "spos", (n,))
+    S = _state_ints(state, "S", (m,))
+    ist = _state_ints(state, "ist", (W.IST_SIZE,))
+    fs = np.asarray(state["fs"], dtype=np.float64)
+    if fs.shape != (4,):
+        raise ValueError(f"state['fs'] has shape {fs.shape}, expected (4,)")
+    if not (np.isfinite(fs[0]) and fs[1] == solver._fs[1] and fs[2] == solver._fs[2]
+            and fs[3] > 0.0):
+        raise ValueError("state['fs'] disagrees with C and sigma or holds a non-finite rho")
+    anchor = int(ist[W._ANCHOR])
+    if not -1 <= anchor < n or not -1 <= int(ist[W._CUR_C]) < n:
+        raise ValueError("state's anchor or current slot is outside [-1, n)")
+    expected_neg = np.zeros(n, bool)
+    if anchor >= 0:
+        expected_neg[anchor] = True
+    if not np.array_equal(ids < 0, expected_neg) or (anchor >= 0 and ids[anchor] != -1):
+        raise ValueError("state ids: keys need ids >= 0 and only the anchor slot holds -1")
+    if not np.isin(status, (W.RESERVE, W.MARGIN, W.ERROR)).all():
+        raise ValueError("state status codes must be reserve (0), margin (1) or error (2)")
+    if not np.array_equal(np.sort(S), np.flatnonzero(status == W.MARGIN)):
+        raise ValueError("state margin list disagrees with the status array")
+    expected_spos = np.full(n, -1, dtype=np.int64)
+    expected_spos[S] = np.arange(m)
+    if not np.array_equal(spos, expected_spos):
+        raise ValueError("state margin positions (spos) disagree with the margin list")
+    alpha = np.asarray(state["alpha"], dtype=np.float64)
+    real = ids >= 0
+    C = solver._C
+    inside = (alpha > 0.0) & (alpha < C)
+    if ((status == W.RESERVE) & (alpha != 0.0)).any() \
+            or ((status == W.ERROR) & real & (alpha != C)).any() \
+            or ((status == W.MARGIN) & real & ~inside).any() \
+            or (alpha < 0.0).any() or abs(alpha.sum() - 1.0) > STATE_SUM_TOL:
+        raise ValueError("state coefficients disagree with their partition or with "
+                         "sum(a) = 1 (reserve exactly 0, error exactly C, margin in (0, C))")
 
 
 @dataclass(frozen=True)
@@ -374,18 +465,28 @@ class IncrementalSVDD:
             Wrong shape or dimension, NaN or inf. The state is unchanged.
         TypeError
             Non-numeric input. The state is unchanged.
+        SolverFailure
+            The exact walk could not finish; the solver was rebuilt from the keys it held
+            before (a fresh exact solve of them) and the key was not admitted.
         """
         x = as_key(x, "x", d=self._d)
-        if self._d is None:
-            self._d = x.shape[0]
+        return int(self._admit_rows(x[None, :])[0])
+
+    def _admit_rows(self, X):
+        """Admit validated rows in order; on a failed walk rebuild from the keys held before
+        the first row (so a batch is all or nothing) and raise SolverFailure."""
+        first_id, fresh = self._next_id, self._d is None
+        if fresh:
+            self._d = X.shape[1]
             self._allocate(d=self._d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
-        new_id = self._next_id
+        ids = np.arange(first_id, first_id + len(X), dtype=np.int64)
         try:
-            self._add_checked(x, new_id)
+            for new_id, x in zip(ids, X, strict=True):
+                self._add_checked(x, int(new_id))
+                self._after_operation()
         except SolverFailure as exc:
-            self._recover(exc, exclude=new_id)
-        self._after_operation()
-        return new_id
+            self._recover(exc, first_new_id=first_id, forget_dimension=fresh)
+        return ids
 
     def _add_checked(self, x, new_id):
         if self._n == 0:
@@ -400,7 +501,10 @@ class IncrementalSVDD:
         self._settle()
 
     def extend(self, X):
-        """Admit the rows of ``X`` one at a time (validated as a whole first).
+        """Admit the rows of ``X`` one at a time, all or nothing.
+
+        The batch is validated as a whole first; if an exact walk fails part-way, the
+        solver is rebuilt from the keys it held before the batch and no row is admitted.
 
         Parameters
         ----------
@@ -410,9 +514,16 @@ class IncrementalSVDD:
         -------
         ndarray of shape (k,), int64
             The ids of the admitted keys, in row order.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Bad input (any row). The state is unchanged.
+        SolverFailure
+            A walk failed; the state is that of a fresh solve of the keys held before.
         """
         X = as_keys(X, "X", d=self._d)
-        return np.array([self.add(x) for x in X], dtype=np.int64)
+        return self._admit_rows(X)
 
     def remove(self, id):
         """Delete one key by exact decrement (exact unlearning).
@@ -443,7 +554,7 @@ class IncrementalSVDD:
             self._delete(slot)
             self._settle()
         except SolverFailure as exc:
-            self._recover(exc, exclude=None)
+            self._recover(exc)
         self._after_operation()
 
     def evict_reserve(self):
@@ -478,35 +589,57 @@ class IncrementalSVDD:
         return slot
 
     # ------------------------------------------------------------------ failure handling
-    def _recover(self, exc, exclude):
+    def _recover(self, exc, first_new_id=None, forget_dimension=False):
         """After a failed walk: rebuild from the keys held before the operation, then raise.
 
         The keys (and their ids) are intact - a walk never touches them - so the rebuilt
-        state is a fresh exact solve of exactly the keys the solver held before.
+        state is a fresh exact solve of exactly the keys the solver held before. Keys with
+        ids from ``first_new_id`` on (the failed admissions) are left out and their ids are
+        not consumed.
         """
         order = self._order()
         ids = self._ids[order]
-        keep = ids != exclude if exclude is not None else np.ones(len(ids), bool)
+        keep = ids < first_new_id if first_new_id is not None else np.ones(len(ids), bool)
         ids, keys = ids[keep].copy(), self._Xt[:, order].T[keep].copy()
-        if exclude is not None:
-            self._next_id = exclude  # the failed admission consumed no id
+        if first_new_id is not None:
+            self._next_id = first_new_id
         self._rebuild(ids, keys)
+        if forget_dimension and len(self) == 0:
+            self._d = None  # the failed first key fixed no dimension
         raise SolverFailure(
             f"{exc}; the solver was rebuilt from the {len(ids)} keys it held before the "
             "operation (a fresh exact solve of them)"
         ) from exc
 
     def _rebuild(self, ids, keys):
-        """Fresh solve of the given keys, keeping their ids (used after a failed walk)."""
+        """Fresh solve of the given keys, keeping their ids (used after a failed walk).
+
+        If a walk of the rebuild fails too, the solver keeps the exact solve of the keys
+        admitted so far and a SolverFailure names the ids that were dropped; their keys are
+        on the exception (``dropped_ids``, ``dropped_keys``), so nothing is lost silently.
+        """
         next_id = self._next_id
         self._reset()
         self._rebuilding = True  # with the default event limit, not a user override
+        done = 0
         try:
             for key_id, x in zip(ids, keys, strict=True):
                 self._add_checked(x, int(key_id))
+                done += 1
+        except SolverFailure as exc:
+            self._reset()  # the failed walk left a partial state: redo the admitted prefix
+            for key_id, x in zip(ids[:done], keys[:done], strict=True):
+                self._add_checked(x, int(key_id))
+            failure = SolverFailure(
+                f"{exc}; rebuilding after a failed walk failed too: the solver holds an exact "
+                f"solve of its first {done} of {len(ids)} keys; the other {len(ids) - done} "
+                f"(ids {ids[done]} on) were dropped - their ids and keys are on this "
+                "exception as dropped_ids and dropped_keys")
+            failure.dropped_ids, failure.dropped_keys = ids[done:].copy(), keys[done:].copy()
+            raise failure from exc
         finally:
             self._rebuilding = False
-        self._next_id = next_id
+            self._next_id = next_id
         self.n_rebuilds += 1
 
     def _after_operation(self):
@@ -672,30 +805,43 @@ class IncrementalSVDD:
 
     @classmethod
     def from_state_dict(cls, state):
-        """Rebuild a solver from :meth:`state_dict` output (validated for consistency).
+        """Rebuild a solver from :meth:`state_dict` output, validated structurally.
+
+        Every field the kernels index with or divide by is checked before use (integer
+        fields and ranges, finite floats, the anchor, partition codes against the
+        coefficients, the margin list, ``sum(a) = 1``, the constants derived from C and
+        sigma), so a damaged state is refused rather than crashing a kernel. Whether the
+        numbers are an optimum and agree with the keys is :meth:`consistency`'s check
+        (O(n |support| d)); run it on a state from an untrusted source.
 
         Raises
         ------
         ValueError
-            Unknown format, or arrays whose shapes or contents contradict each other.
+            Unknown format, or fields whose types, shapes or contents contradict each other.
         """
         if state.get("format") != cls._STATE_FORMAT:
             raise ValueError(f"unknown solver state format {state.get('format')!r}")
-        solver = cls(state["C"], state["sigma"], audit_every=int(state["audit_every"]))
-        d = int(state["d"])
-        ist = np.asarray(state["ist"], dtype=np.int64)
+        solver = cls(state["C"], state["sigma"],
+                     audit_every=_state_int(state, "audit_every", 0, _INT64_MAX))
+        d = _state_int(state, "d", -1, _INT64_MAX)
+        ist = _state_ints(state, "ist", (W.IST_SIZE,))
         n, m = int(ist[W._N]), int(ist[W._M])
-        if d < 0:
+        if not 0 <= m <= n:
+            raise ValueError(f"state sizes are inconsistent: n={n}, m={m} (need 0 <= m <= n)")
+        if d < 0 or n == 0:
             if n:
                 raise ValueError("state holds keys but no dimension")
+            if d == 0:
+                raise ValueError("state dimension d must be >= 1 (or -1 before any key)")
+            if ist[W._ANCHOR] != -1 or ist[W._CUR_C] != -1:
+                raise ValueError("an empty state cannot hold an anchor or a current slot")
+            solver._next_id = _state_int(state, "next_id", 0, _INT64_MAX)
+            if d > 0:
+                solver._d = d
+                solver._allocate(d=d, cap=16, mcap=8)
+                solver._ist[:] = ist
             return solver
-        shapes = {"Xt": (d, n), "ids": (n,), "alpha": (n,), "grad": (n,), "status": (n,),
-                  "spos": (n,), "S": (m,), "KSt": (m, n), "R": (m + 1, m + 1),
-                  "fs": (4,), "ist": (W.IST_SIZE,)}
-        for key, shape in shapes.items():
-            if np.shape(state[key]) != shape:
-                raise ValueError(f"state[{key!r}] has shape {np.shape(state[key])}, "
-                                 f"expected {shape}")
+        _check_state(state, n, m, d, solver)
         solver._d = d
         cap, mcap = max(16, n + 1), max(8, m + 1)
         solver._allocate(d=d, cap=cap, mcap=mcap)
@@ -710,20 +856,20 @@ class IncrementalSVDD:
         solver._R[: m + 1, : m + 1] = state["R"]
         solver._fs[:] = state["fs"]
         solver._ist[:] = ist
-        solver._next_id = int(state["next_id"])
+        solver._next_id = _state_int(state, "next_id", 0, _INT64_MAX)
         ids = solver._ids[:n]
         real = ids[ids >= 0]
         if len(np.unique(real)) != len(real) or (len(real) and real.max() >= solver._next_id):
             raise ValueError("state ids are duplicated or not below next_id")
-        if not np.array_equal(np.sort(solver._S[:m]), np.flatnonzero(solver._status[:n] ==
-                                                                      W.MARGIN)):
-            raise ValueError("state margin list disagrees with the status array")
         solver._slot_of = {int(i): slot for slot, i in enumerate(ids) if i >= 0}
         return solver
 
     def copy(self):
-        """An independent copy with identical state."""
-        return type(self).from_state_dict(self.state_dict())
+        """An independent copy with identical state and settings (``audit_every``,
+        ``max_events``); the diagnostic counters start from zero."""
+        twin = type(self).from_state_dict(self.state_dict())
+        twin.max_events = self.max_events
+        return twin
 
     # ------------------------------------------------------------------ evaluation
     def decision_function(self, X):
@@ -785,16 +931,20 @@ class IncrementalSVDD:
         The terms: ``|sum(a) - 1|``, box violations, ``|f|`` on the margin set, ``max(f, 0)``
         on the error set and ``max(-f, 0)`` on the reserve set. The sum and box terms are
         multiplied by 2 (the most a unit of coefficient can move f), so every term is in units
-        of f. During warm-up it is the residual of the anchored problem.
+        of f. During warm-up it is the residual of the anchored problem. A NaN anywhere gives
+        ``inf``.
 
         Returns
         -------
         float
         """
-        n = self._n
-        if n == 0:
+        if self._n == 0:
             return 0.0
-        g = self._fresh_gradients()
+        return self._kkt_from(self._fresh_gradients())
+
+    def _kkt_from(self, g):
+        """The KKT residual of the current coefficients, given their fresh gradients g (n,)."""
+        n = self._n
         a = self._alpha[:n]
         st = self._status[:n]
         ub = np.full(n, self._C)
@@ -802,18 +952,56 @@ class IncrementalSVDD:
             ub[self._anchor] = np.inf
         terms = [
             2.0 * abs(a.sum() - 1.0),
-            2.0 * max(0.0, float(np.max(-a))),
-            2.0 * max(0.0, float(np.max(a - ub))),
+            2.0 * float(np.max(np.maximum(-a, 0.0))),
+            2.0 * float(np.max(np.maximum(a - ub, 0.0))),
         ]
         for status, violation in (
             (W.MARGIN, np.abs(g)),
             (W.ERROR, np.maximum(g, 0.0)),
             (W.RESERVE, np.maximum(-g, 0.0)),
         ):
-            sel = st == status
-            if sel.any():
-                terms.append(float(violation[sel].max()))
-        return max(terms)
+            terms.append(float(np.max(violation[st == status], initial=0.0)))
+        return largest_violation(terms)
+
+    def consistency(self, *, margin_rows=True):
+        """Compare the maintained state with a fresh evaluation from the keys; change nothing.
+
+        What :meth:`audit` measures before it decides to repair, and what a loader checks
+        before it trusts a stored state: the coefficients' optimality and every maintained
+        quantity the next exact walk will build on. Cost O(n |support| d + m n d + m^3).
+
+        Parameters
+        ----------
+        margin_rows : bool, default True
+            Also recompute the margin set's kernel rows (the O(m n d) term; they are written
+            once when a key joins S and never updated, so only a stored state can disagree).
+
+        Returns
+        -------
+        dict
+            ``kkt_residual`` (as :meth:`kkt_residual`), ``grad_drift`` (max |g maintained -
+            g fresh| over every key; on the margin set both are ~0), ``inverse_residual``
+            (||R M - I||_max for the bordered inverse R) and ``margin_rows_drift`` (max
+            |K_S maintained - K_S fresh| over the margin set's kernel rows). NaN anywhere
+            reads as ``inf``.
+        """
+        n, m = self._n, self._m
+        if n == 0:
+            return {"kkt_residual": 0.0, "grad_drift": 0.0, "inverse_residual": 0.0,
+                    "margin_rows_drift": 0.0}
+        fresh = self._fresh_gradients()
+        drift = largest_violation(np.abs(self._grad[:n] - fresh))
+        inv_res = rows_drift = 0.0
+        if m > 0:
+            inv_res = largest_violation(
+                np.abs(self._R[: m + 1, : m + 1] @ self._bordered() - np.eye(m + 1)).ravel())
+            column = np.empty(n)
+            for p, slot in enumerate(self._S[:m] if margin_rows else ()):
+                W.kernel_column(self._Xt, n, slot, self._anchor, self._fs[2], column)
+                rows_drift = max(rows_drift,
+                                 largest_violation(np.abs(self._KSt[p, :n] - column)))
+        return {"kkt_residual": self._kkt_from(fresh), "grad_drift": drift,
+                "inverse_residual": inv_res, "margin_rows_drift": rows_drift}
 
     def _bordered(self):
         m = self._m
@@ -834,22 +1022,17 @@ class IncrementalSVDD:
             (||R M - I||_max), ``kkt_residual`` (after any repair) and ``refactorized``.
         """
         self._ops_since_audit = 0
-        n, m = self._n, self._m
-        if n == 0:
+        if self._n == 0:
             return {"grad_drift": 0.0, "inverse_residual": 0.0, "kkt_residual": 0.0,
                     "refactorized": False}
-        fresh = self._fresh_gradients()
-        margin = self._status[:n] == W.MARGIN
-        drift = float(np.max(np.abs(np.where(margin, 0.0, self._grad[:n]) - fresh)))
-        inv_res = 0.0
-        if m > 0:
-            M = self._bordered()
-            inv_res = float(np.max(np.abs(self._R[: m + 1, : m + 1] @ M - np.eye(m + 1))))
+        found = self.consistency(margin_rows=False)
+        drift, inv_res = found["grad_drift"], found["inverse_residual"]
         repaired = drift > AUDIT_GRAD_TOL or inv_res > AUDIT_INVERSE_TOL
         if repaired:
             self._refactorize()
         return {"grad_drift": drift, "inverse_residual": inv_res,
-                "kkt_residual": self.kkt_residual(), "refactorized": repaired}
+                "kkt_residual": self.kkt_residual() if repaired else found["kkt_residual"],
+                "refactorized": repaired}
 
     def _polish(self):
         """Refresh the state of the current partition from scratch.
