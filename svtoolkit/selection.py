@@ -58,6 +58,48 @@ def _check_budget(budget, n):
     return int(budget)
 
 
+def _check_keep(keep, n):
+    """Row indices from ``keep``: a boolean mask of length ``n`` or distinct integer indices.
+
+    Parameters
+    ----------
+    keep : array_like of bool or int
+    n : int
+        Number of rows.
+
+    Returns
+    -------
+    ndarray of int64
+
+    Raises
+    ------
+    TypeError
+        Neither booleans nor integers (e.g. floats, which would be truncated silently).
+    ValueError
+        Empty, not 1-D, a mask of another length, or an index negative, ``>= n`` or repeated.
+    """
+    keep = np.asarray(keep)
+    if keep.ndim != 1:
+        raise ValueError(f"keep must be 1-D (indices or a boolean mask); got shape {keep.shape}")
+    if keep.size == 0:
+        raise ValueError("keep is empty: a readout needs at least one kept key")
+    if keep.dtype == bool:
+        if keep.size != n:
+            raise ValueError(f"keep as a boolean mask must have length {n}; got {keep.size}")
+        keep = np.flatnonzero(keep)
+        if keep.size == 0:
+            raise ValueError("keep is empty: the boolean mask selects no key")
+        return keep.astype(np.int64)
+    if not np.issubdtype(keep.dtype, np.integer):
+        raise TypeError(f"keep must hold integer row indices or be a boolean mask; got dtype "
+                        f"{keep.dtype}")
+    if keep.min() < 0 or keep.max() >= n:
+        raise ValueError(f"keep indices must be in [0, {n}); got {keep.min()} .. {keep.max()}")
+    if np.unique(keep).size != keep.size:
+        raise ValueError("keep has repeated indices (a key would be counted more than once)")
+    return keep.astype(np.int64)
+
+
 def certified_selection(keys, *, sigma, C):
     """Indices of the support set (coefficient > 0) of the exact solver over ``keys``.
 
@@ -167,7 +209,7 @@ def certified_streaming(keys, budget, *, sigma, C):
     Uses :class:`~svtoolkit.ForgettableMemory` (``budget`` given): after each admission that
     exceeds the budget, reserve keys are evicted by exact decrement, oldest first. When the
     support set alone exceeds the budget the memory holds more (no certified eviction is
-    possible); ``peak`` reports the largest size reached.
+    possible); ``peak`` reports the largest size after an admission's evictions.
 
     The certificate covers each eviction at the time it is made. The final set need not be
     the support set of the whole stream: a key evicted as reserve could have become support
@@ -177,7 +219,9 @@ def certified_streaming(keys, budget, *, sigma, C):
     -------
     kept : ndarray of int64, sorted
     peak : int
-        Largest number of keys held at any time.
+        Largest number of keys held once each admission's evictions are done. It does not
+        count the transient state inside an admission, which holds one key more (the new key
+        before any eviction): ``peak == budget`` means the budget held after every admission.
     """
     from .memory import BudgetExceededWarning, ForgettableMemory
 
@@ -192,6 +236,14 @@ def certified_streaming(keys, budget, *, sigma, C):
             peak = max(peak, len(mem))
     kept = np.sort(np.array([int(r) for r in mem.record_ids], dtype=np.int64))
     return kept, peak
+
+
+def _check_sizes(**sizes):
+    """Each ``name=(value, minimum)``: value must be an int (not a bool) >= minimum."""
+    for name, (value, minimum) in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+                value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
 
 
 def recency_selection(n, budget):
@@ -220,22 +272,29 @@ def uniform_rbf_readout(keys, values, queries, *, sigma, keep=None):
     values : array_like of shape (n, dv)
     queries : array_like of shape (m, d)
     sigma : float
-    keep : array_like of int, optional
-        Row indices of the kept keys (all keys by default). Must not be empty.
+    keep : array_like of int or bool, optional
+        Distinct row indices of the kept keys, or a boolean mask of length n (all keys by
+        default). Must select at least one key.
 
     Returns
     -------
     ndarray of shape (m, dv)
         Rows where every kernel value underflows to 0 are 0.
+
+    Raises
+    ------
+    TypeError
+        ``keep`` holds neither integers nor booleans.
+    ValueError
+        Mismatched shapes, or ``keep`` empty, out of range, repeated, or a mask of the wrong
+        length.
     """
     keys = as_keys(keys, "keys")
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[0] != keys.shape[0]:
         raise ValueError(f"values must have shape ({keys.shape[0]}, dv); got {values.shape}")
     if keep is not None:
-        keep = np.asarray(keep, dtype=np.int64)
-        if keep.size == 0:
-            raise ValueError("keep is empty: a readout needs at least one kept key")
+        keep = _check_keep(keep, keys.shape[0])
         keys, values = keys[keep], values[keep]
     W = rbf_kernel(as_keys(queries, "queries", d=keys.shape[1]), keys, sigma=sigma)
     total = W.sum(axis=1, keepdims=True)
@@ -272,7 +331,18 @@ def skewed_redundancy_context(rng, *, d=4, rare=6, dense=6, copies=10, spread=1.
     SkewedContext
         ``keys`` (n, d), ``group`` (n,), ``values`` (n, groups) one-hot, ``warm_queries``,
         ``warm_group``, ``test_queries``, ``test_group``, ``rare_groups`` (the first ``rare``).
+
+    Raises
+    ------
+    ValueError
+        A size that is not an integer in range: ``d, copies >= 1``, ``rare, dense >= 0`` with
+        at least one group, ``queries_per_group >= 2`` (every group needs a warm and a
+        held-out query).
     """
+    _check_sizes(d=(d, 1), rare=(rare, 0), dense=(dense, 0), copies=(copies, 1),
+                 queries_per_group=(queries_per_group, 2))
+    if rare + dense < 1:
+        raise ValueError("rare + dense must be >= 1 (at least one group)")
     rng = np.random.default_rng(rng)
     groups = rare + dense
     centres = spread * rng.standard_normal((groups, d))
@@ -280,7 +350,7 @@ def skewed_redundancy_context(rng, *, d=4, rare=6, dense=6, copies=10, spread=1.
     keys = centres[group] + jitter * rng.standard_normal((len(group), d))
     qgroup = np.repeat(np.arange(groups), queries_per_group)
     queries = centres[qgroup] + query_jitter * rng.standard_normal((len(qgroup), d))
-    warm = np.arange(len(qgroup)) % 2 == 0
+    warm = np.tile(np.arange(queries_per_group), groups) % 2 == 0  # alternate within a group
     return SkewedContext(
         keys=keys, group=group, values=np.eye(groups)[group],
         warm_queries=queries[warm], warm_group=qgroup[warm],

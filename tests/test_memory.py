@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import svtoolkit.memory as memory_module
-from svtoolkit import IncrementalSVDD
+from svtoolkit import IncrementalSVDD, SolverFailure
 from svtoolkit.memory import (
     FORMAT_VERSION,
     KKT_TOL,
@@ -161,6 +161,93 @@ def test_values_are_json_copies():
     assert mem.get("v") == value  # the stored value is not aliased
 
 
+@pytest.mark.parametrize("call, match", [
+    (lambda m: m.add([0.0, 1.0, 2.0], "v", record_id="bad\ud800"), "record_id contains an "
+     "unpaired UTF-16 surrogate"),
+    (lambda m: m.add([0.0, 1.0, 2.0], "x\udcff"), "value contains an unpaired"),
+    (lambda m: m.add([0.0, 1.0, 2.0], {"k\ud800": [1]}), "value contains an unpaired"),
+    (lambda m: m.edit("k2", value="\udc80"), "value contains an unpaired"),
+    (lambda m: m.edit("k2", key=[0.0, 1.0, 2.0], value=["\ud800"]),
+     "value contains an unpaired"),
+])
+def test_unpaired_surrogates_are_refused_before_anything_changes(tmp_path, call, match):
+    mem, _ = gaussian_memory(n=12)
+    before = snapshot(mem)
+    with pytest.raises(ValueError, match=match):
+        call(mem)
+    assert snapshot(mem) == before and len(mem._solver) == len(mem)
+    mem.save(tmp_path / "m.svtk")  # the state is still whole
+    assert ForgettableMemory.load(tmp_path / "m.svtk").state_digest() == before[0]
+
+
+def test_metadata_with_a_surrogate_is_refused():
+    with pytest.raises(ValueError, match="metadata contains an unpaired UTF-16 surrogate"):
+        ForgettableMemory(sigma=1.0, C=0.5, metadata={"note": "\ud800"})
+
+
+def test_too_deep_value_is_a_value_error():
+    deep = []
+    for _ in range(100_000):
+        deep = [deep]
+    mem, _ = gaussian_memory(n=12)
+    before = snapshot(mem)
+    with pytest.raises(ValueError, match="value is nested too deeply"):
+        mem.add([0.0, 1.0, 2.0], deep)
+    assert snapshot(mem) == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.add([9.0, 9.0, 9.0], "new", record_id="new"),
+    lambda m: m.edit("k2", key=[9.0, 9.0, 9.0]),
+    lambda m: m.edit("k2", value="new"),
+])
+def test_a_failing_leaf_hash_changes_neither_memory_nor_solver(monkeypatch, call):
+    """The record's hash is computed before the solver admits anything."""
+    mem, _ = gaussian_memory(n=12)
+    before = snapshot(mem) + (mem.get("k2"),)
+
+    def broken(*args):
+        raise RuntimeError("simulated failure while hashing the record")
+
+    monkeypatch.setattr(memory_module, "_leaf", broken)
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        call(mem)
+    assert snapshot(mem) + (mem.get("k2"),) == before and len(mem._solver) == len(mem)
+
+
+def test_failed_add_uses_up_no_automatic_id(monkeypatch):
+    mem = ForgettableMemory(sigma=1.0, C=0.5)
+    assert mem.add([0.0, 0.0], "a") == "r0"
+    before = snapshot(mem)
+
+    def failing(key):
+        raise SolverFailure("simulated")
+
+    monkeypatch.setattr(mem._solver, "add", failing)
+    with pytest.raises(SolverFailure, match="simulated"):
+        mem.add([1.0, 1.0], "x")
+    assert snapshot(mem) == before
+    monkeypatch.undo()
+    assert mem.add([2.0, 2.0], "y") == "r1"
+
+
+def test_membership_of_a_non_str_is_false():
+    mem, _ = gaussian_memory(n=5)
+    assert "k1" in mem and [1] not in mem and {"k1"} not in mem and 1 not in mem
+
+
+def test_add_can_return_an_id_that_the_budget_evicted_at_once():
+    """Documented in add(): a new reserve record with no older reserve record goes first."""
+    mem = ForgettableMemory(sigma=1.0, C=1.0, budget=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BudgetExceededWarning)
+        for x in ([0.0, 0.0], [0.1, 0.0], [5.0, 5.0]):
+            mem.add(x, "v")
+        rid = mem.add([0.05, 0.0], "v")
+    assert mem.last_evicted == (rid,) and rid not in mem
+    assert mem.tombstones[rid][0] == "evicted"
+
+
 # ------------------------------------------------------------------ exact deletion
 def test_forget_equals_fresh_solve_after_every_step():
     rng = np.random.default_rng(2)
@@ -219,6 +306,8 @@ def test_receipt_chains_digests():
     assert digest == mem.state_digest()
     assert [r.time for r in receipts] == sorted(r.time for r in receipts)
     assert receipts[-1].n_records == 17
+    for r in receipts:  # the receipt's time is the operation's, as in the tombstone
+        assert r.time == mem.tombstones[r.record_id][1]
     assert json.loads(json.dumps(receipts[0].to_dict()))["time_utc"].endswith("Z")
     assert mem.forget("k2", verify=False).kkt_residual is None
 
@@ -245,9 +334,9 @@ def test_forget_down_to_empty_and_warm_up():
 
 # ------------------------------------------------------------------ edit
 def test_edit_key_is_exact_remove_and_add():
-    rng = np.random.default_rng(4)
     mem, X = gaussian_memory(seed=4, n=30)
-    new_key = rng.standard_normal(3)
+    new_key = np.random.default_rng(40).standard_normal(3)  # not a copy of a held key (seed 4
+    # would repeat X[0]: with duplicate keys the coefficients, and so the weights, are not unique)
     receipt = mem.edit("k7", key=new_key, value="tokyo", audit=True)
     assert receipt.operation == "edit" and receipt.audit_deviation <= FRESH_TOL
     assert mem.record_ids[-1] == "k7" and mem.get("k7") == "tokyo"
@@ -255,9 +344,17 @@ def test_edit_key_is_exact_remove_and_add():
     probes = np.vstack([X, new_key])
     assert np.max(np.abs(mem.decision_function(probes) - fresh_decision(mem, probes))) \
         <= FRESH_TOL
-    # the old binding has no residual influence: its key answers with another record
-    for h in mem.query(X[7], k=len(mem), min_similarity=1e-300):
-        assert h.value != {"i": 7}
+    # the old key has no residual influence: at the old key the memory answers exactly as a
+    # memory built from scratch from the records it now holds, and no held key sits there
+    ref = ForgettableMemory(sigma=mem.sigma, C=mem.C)
+    for rid in mem.record_ids:
+        ref.add(mem.key(rid), mem.get(rid), record_id=rid)
+    got = mem.query(X[7], k=len(mem), min_similarity=1e-300)
+    want = ref.query(X[7], k=len(ref), min_similarity=1e-300)
+    assert [h.record_id for h in got] == [h.record_id for h in want]
+    np.testing.assert_allclose([h.weight for h in got], [h.weight for h in want], rtol=0,
+                               atol=FRESH_TOL)
+    assert max(h.score for h in got) < 1.0
 
 
 def test_edit_value_only_keeps_the_solver_state():
@@ -437,16 +534,56 @@ def test_other_format_version_is_refused(saved):
         ForgettableMemory.load(saved)
 
 
-def test_tampered_coefficient_is_refused_by_the_kkt_check(saved):
+def _array_offset(header, name, index):
+    spec = next(a for a in header["arrays"] if a["name"] == name)
+    return spec["offset"] + np.dtype(spec["dtype"]).itemsize * index
+
+
+def _margin_slots(path):
+    solver = ForgettableMemory.load(path)._solver.state_dict()
+    return solver["S"], solver["Xt"].shape
+
+
+def test_tampered_coefficient_off_its_partition_is_refused_structurally(saved):
     def bump(header, blob):
         i = _alpha_offset(header, 0)
         a = struct.unpack_from("<d", blob, i)[0]
         struct.pack_into("<d", blob, i, a + 1e-3)
 
     _rewrite(saved, bump)
-    with pytest.raises(MemoryFileError, match="KKT residual .* exceeds"):
+    with pytest.raises(MemoryFileError, match="inconsistent solver state: .*coefficients"):
         ForgettableMemory.load(saved)
-    assert KKT_TOL < 1e-3
+
+
+def test_tampered_coefficients_that_keep_the_structure_fail_the_kkt_check(saved):
+    """Mass moved between two margin coefficients: sum and box intact, optimality not."""
+    S, _ = _margin_slots(saved)
+    assert len(S) >= 2
+
+    def shift(header, blob):
+        for slot, delta in ((S[0], 1e-4), (S[1], -1e-4)):
+            i = _array_offset(header, "alpha", int(slot))
+            struct.pack_into("<d", blob, i, struct.unpack_from("<d", blob, i)[0] + delta)
+
+    _rewrite(saved, shift)
+    with pytest.raises(MemoryFileError, match="kkt residual .* exceeds"):
+        ForgettableMemory.load(saved)
+    assert KKT_TOL < 1e-4
+
+
+@pytest.mark.parametrize("name, figure", [("grad", "grad drift"),
+                                          ("R", "inverse residual"),
+                                          ("KSt", "margin rows drift")])
+def test_tampered_solver_arrays_are_refused(saved, name, figure):
+    """The arrays later deletions build on: a wrong one would make them inexact."""
+    def nudge(header, blob):
+        i = _array_offset(header, name, 1)
+        struct.pack_into("<d", blob, i, struct.unpack_from("<d", blob, i)[0] + 1e-3)
+
+    _rewrite(saved, nudge)
+    with pytest.raises(MemoryFileError, match=f"{figure} .* exceeds"):
+        ForgettableMemory.load(saved)
+    ForgettableMemory.load(saved, check_kkt=False)  # structurally sound: only the numbers lie
 
 
 def test_tampered_value_is_refused_by_the_digest(saved):
@@ -468,11 +605,56 @@ def test_tampered_value_is_refused_by_the_digest(saved):
     (lambda h, b: h["tombstones"].append([h["records"][0][0], "forgotten", 0.0]),
      "both held and tombstoned"),
     (lambda h, b: h["config"].update(C=123.0), "configuration disagrees"),
+    (lambda h, b: h["tombstones"].append(["x", "forgotten", float("nan")]),
+     "tombstone of 'x' has time nan"),
+    (lambda h, b: h["tombstones"].append(["x", "forgotten", float("inf")]), "has time inf"),
+    (lambda h, b: h["tombstones"].append(["x", "forgotten", 1e300]), "has time 1e\\+300"),
+    (lambda h, b: h["tombstones"].append(["x", "forgotten", -1.0]), "has time -1.0"),
+    (lambda h, b: h["tombstones"].append(["x", "forgotten", "5"]), "has time '5'"),
+    (lambda h, b: h["tombstones"].append(["x", "forgotten", True]), "has time True"),
+    (lambda h, b: h["tombstones"].append(["x", "forgotten"]), "not a \\[record_id, reason"),
+    (lambda h, b: h["tombstones"].extend([["x", "evicted", 1.0], ["x", "evicted", 2.0]]),
+     "tombstoned twice"),
+    (lambda h, b: h.update(tombstones={"x": 1}), "tombstones must be a list"),
+    (lambda h, b: h.update(next_auto=-3), "next_auto must be an integer >= 0; got -3"),
+    (lambda h, b: h.update(revision=-5), "revision must be an integer >= 0; got -5"),
+    (lambda h, b: h.update(revision=2.5), "revision must be an integer >= 0; got 2.5"),
+    (lambda h, b: h.update(metadata_json='{"a": "\\ud800"}'), "malformed contents"),
 ])
 def test_malformed_contents_are_refused(saved, mutate, match):
     _rewrite(saved, mutate)
     with pytest.raises(MemoryFileError, match=match):
         ForgettableMemory.load(saved)
+
+
+def _write_raw_header(path, text):
+    """Replace the header of a saved file by raw bytes ``text``; recompute the checksum."""
+    data = path.read_bytes()
+    _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
+    body = struct.pack("<8sIQ", b"SVTKMEM\x00", FORMAT_VERSION, len(text)) + text + \
+        data[20 + hlen:-32]
+    path.write_bytes(body + hashlib.sha256(body).digest())
+
+
+@pytest.mark.parametrize("text, match", [
+    (b"[]", "header is a JSON list, not an object"),
+    (b'"svtoolkit"', "header is a JSON str, not an object"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b"\xff\xfe", "header is not valid UTF-8 JSON"),
+])
+def test_header_that_is_not_an_object_is_refused(saved, text, match):
+    _write_raw_header(saved, text)
+    with pytest.raises(MemoryFileError, match=match):
+        ForgettableMemory.load(saved)
+
+
+def test_a_file_saved_with_tombstones_still_loads(saved):
+    mem = ForgettableMemory.load(saved)
+    mem.forget("k4")
+    mem.evict_reserve(1)
+    mem.save(saved)
+    loaded = ForgettableMemory.load(saved)
+    assert loaded.tombstones == mem.tombstones and len(loaded.tombstones) == 2
 
 
 def test_crash_during_save_keeps_the_previous_file(saved, monkeypatch):
@@ -528,6 +710,39 @@ def test_save_replaces_atomically_and_cleans_up(saved):
 
 
 # ------------------------------------------------------------------ threads
+def test_concurrent_saves_never_resurrect_a_forgotten_record(tmp_path, monkeypatch):
+    """An older save still writing must not rename over a newer one (the lock is held)."""
+    mem = ForgettableMemory(sigma=1.0, C=0.5)
+    mem.add([0.0, 0.0], "secret", record_id="a")
+    mem.add([3.0, 0.0], "b", record_id="b")
+    path = tmp_path / "m.svtk"
+    started, release, errors = threading.Event(), threading.Event(), []
+    real = memory_module._write_chunk
+
+    def slow(fh, chunk, hasher):
+        if threading.current_thread().name == "old-save" and not started.is_set():
+            started.set()
+            release.wait(timeout=0.5)  # the older save is slow to reach the disk
+        real(fh, chunk, hasher)
+
+    def old_save():
+        try:
+            mem.save(path)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    monkeypatch.setattr(memory_module, "_write_chunk", slow)
+    old = threading.Thread(target=old_save, name="old-save")
+    old.start()
+    assert started.wait(timeout=30)
+    mem.forget("a")  # with the lock held through the write, this waits for the old save
+    mem.save(path)
+    release.set()
+    old.join()
+    assert not errors
+    assert ForgettableMemory.load(path).record_ids == mem.record_ids == ["b"]
+
+
 def _observe(mem, q):
     """One query's full answer (every held record, with its weight); it identifies the state."""
     return tuple((h.record_id, h.weight) for h in mem.query(q, k=10_000, min_similarity=1e-300))

@@ -119,6 +119,56 @@ def test_uniform_readout_matches_a_loop_and_refuses_empty_selection():
         uniform_rbf_readout(X, V[:3], Q, sigma=SIGMA)
 
 
+@pytest.mark.parametrize("keep, exc, match", [
+    ([0.9, 2.7], TypeError, "keep must hold integer row indices or be a boolean mask"),
+    (np.array([1.0, 2.0]), TypeError, "got dtype float64"),
+    (["0", "1"], TypeError, "keep must hold integer"),
+    ([-1], ValueError, "keep indices must be in \\[0, 9\\)"),
+    ([0, 9], ValueError, "keep indices must be in \\[0, 9\\)"),
+    ([0, 0, 1], ValueError, "repeated indices"),
+    ([[0, 1]], ValueError, "keep must be 1-D"),
+    ([True, False], ValueError, "boolean mask must have length 9"),
+    (np.zeros(9, dtype=bool), ValueError, "the boolean mask selects no key"),
+])
+def test_uniform_readout_refuses_a_keep_it_would_misread(keep, exc, match):
+    rng = np.random.default_rng(8)
+    X, V, Q = rng.standard_normal((9, 2)), rng.standard_normal((9, 3)), rng.standard_normal((4, 2))
+    with pytest.raises(exc, match=match):
+        uniform_rbf_readout(X, V, Q, sigma=SIGMA, keep=keep)
+
+
+def test_uniform_readout_reads_a_boolean_mask_as_the_rows_it_selects():
+    rng = np.random.default_rng(9)
+    X, V, Q = rng.standard_normal((9, 2)), rng.standard_normal((9, 3)), rng.standard_normal((4, 2))
+    mask = np.zeros(9, dtype=bool)
+    mask[[1, 4, 8]] = True
+    expected = []
+    for q in Q:
+        w = np.array([k(q, X[i]) for i in (1, 4, 8)])
+        expected.append(w @ V[[1, 4, 8]] / w.sum())
+    np.testing.assert_allclose(uniform_rbf_readout(X, V, Q, sigma=SIGMA, keep=mask), expected,
+                               rtol=1e-13)
+    np.testing.assert_allclose(uniform_rbf_readout(X, V, Q, sigma=SIGMA, keep=list(mask)),
+                               expected, rtol=1e-13)
+
+
+def naive_certified_streaming(keys, budget, C):
+    """Shadow replay with the bare solver: admit in order; over budget, evict the oldest
+    reserve records, checking that each is reserve (coefficient exactly 0) when it goes."""
+    solver = IncrementalSVDD(C, SIGMA)
+    sid_row, peak = {}, 0
+    for t, x in enumerate(keys):
+        sid_row[int(solver.add(x))] = t
+        excess = len(solver) - budget
+        if excess > 0 and solver.certified:
+            for sid in solver.reserve_ids[:excess]:
+                assert int(sid) in solver.reserve_ids.tolist()  # still reserve at its eviction
+                assert solver.alpha[solver.ids.tolist().index(int(sid))] == 0.0
+                solver.remove(int(sid))
+        peak = max(peak, len(solver))
+    return sorted(sid_row[int(s)] for s in solver.ids), peak
+
+
 def test_certified_streaming_evicts_only_certified_records():
     rng = np.random.default_rng(5)
     X = rng.standard_normal((50, 3))
@@ -126,6 +176,10 @@ def test_certified_streaming_evicts_only_certified_records():
     budget = len(certified_selection(X, sigma=SIGMA, C=C))
     kept, peak = certified_streaming(X, budget, sigma=SIGMA, C=C)
     assert budget <= len(kept) <= peak
+    # every eviction was of a record in the reserve set at the time: the kept set and the peak
+    # are those of a shadow replay that checks this at each eviction
+    assert (kept.tolist(), peak) == naive_certified_streaming(X, budget, C)
+    assert len(kept) < len(X)  # the replay did evict
     # the final memory is exact for what it holds
     solver = IncrementalSVDD(C, SIGMA)
     solver.extend(X[kept])
@@ -139,6 +193,25 @@ def test_skewed_context_layout():
     assert ctx.keys.shape == (66, 4) and ctx.values.shape == (66, 12)
     assert ctx.group[:6].tolist() == list(range(6))
     assert len(ctx.test_queries) == len(ctx.warm_queries) == 12
+
+
+@pytest.mark.parametrize("qpg", [2, 3, 5])
+def test_skewed_context_gives_every_group_warm_and_held_out_queries(qpg):
+    ctx = skewed_redundancy_context(0, rare=2, dense=2, copies=2, queries_per_group=qpg)
+    for g in range(4):
+        assert np.sum(ctx.warm_group == g) == (qpg + 1) // 2
+        assert np.sum(ctx.test_group == g) == qpg // 2
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"queries_per_group": 1}, "queries_per_group must be an integer >= 2"),
+    ({"copies": 0}, "copies must be an integer >= 1"),
+    ({"d": 2.0}, "d must be an integer >= 1"),
+    ({"rare": 0, "dense": 0}, "at least one group"),
+])
+def test_skewed_context_refuses_bad_sizes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        skewed_redundancy_context(0, **kwargs)
 
 
 def test_certified_beats_kernel_mass_heavy_hitters_on_rare_groups():
