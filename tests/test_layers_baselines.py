@@ -130,6 +130,8 @@ def test_bad_arguments_are_rejected():
         SoftmaxAttention(25, 4)
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, d_model=24\)"):
         build("softmax")(torch.zeros(2, 5, 23, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"floating-point tensor; got dtype torch.int64"):
+        build("softmax")(torch.zeros(2, 5, 24, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"x_t must have shape \(B, d_model=24\)"):
         build("tensor_cache").step(torch.zeros(2, 1, 24, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"rule must be one of"):

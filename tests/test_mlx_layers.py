@@ -179,6 +179,19 @@ def test_defaults_and_from_torch_copy_everything():
         np.testing.assert_array_equal(_np(getattr(twin, module)[attr]), tensor.numpy())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_from_torch_converts_half_precision_weights_to_float32(dtype):
+    """NumPy has no bfloat16: a bf16 torch layer failed inside ``Tensor.numpy()``."""
+    torch.manual_seed(SEED)
+    source = TorchHybrid(32, 4, chunk=8).to(dtype)
+    twin = from_torch(source)
+    for name, tensor in source.state_dict().items():
+        module, attr = name.split(".")
+        weight = getattr(twin, module)[attr]
+        assert weight.dtype == mx.float32, name
+        np.testing.assert_array_equal(_np(weight), tensor.float().numpy())
+
+
 def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="C must be a finite number > 0"):
         CausalSVAttention(32, 4, C=0.0)

@@ -177,3 +177,49 @@ def test_bad_shapes_are_rejected():
         linear_attention(q, k, v, chunk_size=0)
     with pytest.raises(TypeError, match=r"v must be a floating-point tensor"):
         linear_attention(q, k, v.long())
+
+
+@pytest.mark.parametrize("chunk_size", [4, 16, 64])
+def test_zero_decay_forgets_exactly_and_stays_finite(chunk_size):
+    """g = -inf (a_t = 0, allowed by g <= 0) resets the state: chunked equals the reference.
+
+    The cumulative sums met -inf - (-inf) = NaN here, and the NaN spread to earlier tokens of
+    the chunk. Resets at a chunk start, mid-chunk, twice in a row and at the last token.
+    """
+    inputs = make_inputs("gated_delta", 40)
+    g = inputs["g"].detach().clone()
+    g[0, [0, 5, 6, 16, 39], 0] = -float("inf")
+    g[1, [3, 31], 1] = -float("inf")
+    inputs["g"] = g.requires_grad_()
+    o, state = run_chunked("gated_delta", inputs, chunk_size)
+    o_ref, state_ref = run_naive("gated_delta", inputs)
+    assert_close("o", o_ref, o, FP64_TOL["output"])
+    assert_close("final_state", state_ref, state, FP64_TOL["state"])
+    names = ("q", "k", "v", "g", "beta", "initial_state")
+    cotangents = cotangents_like([o_ref], torch.Generator().manual_seed(SEED + 3))
+    grads = vjp([o], cotangents, [inputs[n] for n in names])
+    grads_ref = vjp([o_ref], cotangents, [inputs[n] for n in names])
+    for name, got, ref in zip(names, grads, grads_ref, strict=True):
+        assert_close(f"d{name}", ref, got, FP64_TOL["grad"])
+
+
+def test_float32_decay_that_underflows_is_a_reset():
+    """fp32 g = -200 (exp underflows to 0) behaves like the fp64 reference with g = -inf."""
+    inputs64 = make_inputs("gated_delta", 30)
+    g = inputs64["g"].detach().clone()
+    g[:, [2, 13, 14]] = -200.0
+    inputs32 = {name: t.detach().float() for name, t in inputs64.items()}
+    inputs32["g"] = g.float()
+    inputs64["g"] = torch.where(g == -200.0, -float("inf"), g)
+    o32, state32 = run_chunked("gated_delta", inputs32, 16)
+    o_ref, state_ref = run_naive("gated_delta", inputs64)
+    assert_close("o", o_ref, o32, FP32_TOL["output"])
+    assert_close("final_state", state_ref, state32, FP32_TOL["state"])
+
+
+def test_nan_log_decay_is_rejected():
+    inputs = make_inputs("gated_delta", 10)
+    g = inputs["g"].detach().clone()
+    g[1, 4, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"g must not contain NaN"):
+        gated_delta_rule(inputs["q"], inputs["k"], inputs["v"], g=g, beta=inputs["beta"])

@@ -97,6 +97,9 @@ def test_bad_arguments_are_rejected():
         infini_attention(q, k, v, segment=0, gate=gate)
     with pytest.raises(ValueError, match=r"gate must have shape \[H\]"):
         infini_attention(q, k, v, segment=4, gate=gate[:1])
+    for eps in (0.0, -1e-6, float("nan")):
+        with pytest.raises(ValueError, match=r"eps must be finite and > 0"):
+            infini_attention(q, k, v, segment=4, gate=gate, eps=eps)
     wrong = InfiniState.empty(B, 5, H, K, V, dtype=q.dtype)
     with pytest.raises(ValueError, match=r"initial_state.keys must have shape"):
         infini_attention(q, k, v, segment=4, gate=gate, initial_state=wrong)

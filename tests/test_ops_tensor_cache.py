@@ -227,3 +227,57 @@ def test_bad_arguments_are_rejected():
         tensor_cache_step(
             q[:, 0], k[:, 0], v[:, 0], None, log_decay=log_decay, rate=rate, gate=gate
         )
+    nan_decay = log_decay.clone()
+    nan_decay[0] = float("nan")
+    with pytest.raises(ValueError, match=r"log_decay must not contain NaN"):
+        tensor_cache(q, k, v, **{**args, "log_decay": nan_decay})
+
+
+@pytest.mark.parametrize("gate_shape", [(1,), (H + 1,), (B, 1, H), (1, H), (B, H, 1)])
+def test_streaming_gate_shape_is_checked_like_the_parallel_one(gate_shape):
+    """The step accepted gates of shape (1,) or (B, 1, H) and broadcast them silently."""
+    inputs = make_inputs("outer")
+    q, k, v = (inputs[n].detach()[:, 0] for n in ("q", "k", "v"))
+    log_decay, rate = inputs["log_decay"].detach(), inputs["rate"].detach()
+    state = TensorCacheState.empty(B, 4, H, K, v.shape[-1], dtype=q.dtype)
+    with pytest.raises(ValueError, match=r"gate must have shape \[H\]"):
+        tensor_cache_step(
+            q, k, v, state, log_decay=log_decay, rate=rate, gate=torch.ones(gate_shape)
+        )
+    assert state.seen == 0 and not state.keys.any()  # refused before any change
+    o, _ = tensor_cache_step(q, k, v, state, log_decay=log_decay, rate=rate, gate=q[..., 0])
+    assert o.shape == v.shape  # a [B, H] gate is accepted
+
+
+def _three_paths(rule, log_decay, dtype, window=4, length=19):
+    """Parallel, streaming and (fp64) per-token outputs with the given log_decay."""
+    inputs = make_inputs(rule, length=length)
+    q, k, v, rate, gate = (inputs[n].detach() for n in ("q", "k", "v", "rate", "gate"))
+    args = dict(log_decay=log_decay.to(dtype), rate=rate.to(dtype), rule=rule)
+    o, _ = tensor_cache(
+        q.to(dtype), k.to(dtype), v.to(dtype), window=window, gate=gate.to(dtype),
+        chunk_size=8, **args,
+    )
+    state, steps = TensorCacheState.empty(B, window, H, K, v.shape[-1], dtype=dtype), []
+    for t in range(length):
+        qt, kt, vt = (x[:, t].to(dtype) for x in (q, k, v))
+        o_t, state = tensor_cache_step(qt, kt, vt, state, gate=gate.to(dtype), **args)
+        steps.append(o_t)
+    local, read, _ = naive_tensor_cache_paths(
+        q, k, v, window=window, log_decay=log_decay.double(), rate=rate, rule=rule
+    )
+    return o, torch.stack(steps, dim=1), local + gate[None, None, :, None] * read
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize(
+    "dtype, strongest", [(torch.float64, -float("inf")), (torch.float32, -120.0)]
+)
+def test_vanishing_decay_agrees_on_every_path(rule, dtype, strongest):
+    """lambda = 0 (log_decay = -inf) or underflowing (fp32 exp(-120) = 0): the parallel delta
+    rule divided by lambda (NaN) and -inf reached the scan as -inf * 0 = NaN."""
+    log_decay = torch.tensor([-0.1, strongest], dtype=torch.float64)
+    parallel, streaming, reference = _three_paths(rule, log_decay, dtype)
+    tol = FP64_TOL["output"] if dtype == torch.float64 else FP32_TOL["output"]
+    assert_close("parallel", reference, parallel, tol)
+    assert_close("streaming", reference, streaming, tol)

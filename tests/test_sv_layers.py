@@ -233,16 +233,60 @@ def test_forget_equals_a_run_without_the_token(cls):
     assert (outs[0, 8:21] - ref[0, 8:21]).abs().max() > 1e-6  # history is not rewritten
 
 
+def _snapshot(state):
+    """Everything a forget could change, as plain comparable data."""
+    return dict(
+        position=state.position,
+        prefix=list(state.prefix_size),
+        forgotten=[set(f) for f in state.forgotten],
+        local=[list(positions) for positions in state.local],
+        ids=[[dict(ids) for ids in row] for row in state.ids],
+        multipliers=[[dict(m) for m in row] for row in state.multipliers],
+        keys=[{p: key.tolist() for p, key in keys.items()} for keys in state.keys],
+        values=[{p: value.tolist() for p, value in values.items()} for values in state.values],
+        alpha=[[solver.alpha.tolist() for solver in row] for row in state.solvers],
+        counters=(state.evicted, state.over_budget),
+    )
+
+
 def test_forget_rejects_bad_requests_and_changes_nothing():
     layer = _layer(HybridSVAttention)
-    _, state = layer.forward_with_state(_inputs(T=10))
-    with pytest.raises(IndexError, match="position 10 has not been seen"):
-        state.forget(0, 10)
-    with pytest.raises(IndexError, match="sequence 2 out of range"):
-        state.forget(2, 1)
+    _, state = layer.forward_with_state(_inputs(T=10))  # 0..7 admitted, 8..9 current chunk
     state.forget(0, 1)
-    with pytest.raises(KeyError, match="position 1 of sequence 0 was already forgotten"):
-        state.forget(0, 1)
+    before = _snapshot(state)
+    bad = [
+        (IndexError, "position 10 has not been seen", (0, 10)),
+        (IndexError, "position -1 has not been seen", (0, -1)),
+        (IndexError, "sequence 2 out of range", (2, 1)),
+        (KeyError, "position 1 of sequence 0 was already forgotten", (0, 1)),
+        (KeyError, "position 1 of sequence 0 was already forgotten", (0, torch.tensor(1))),
+        (TypeError, "position must be an integer", (0, 3.0)),
+        (TypeError, "position must be an integer", (0, torch.tensor(3.0))),
+        (TypeError, "position must be an integer", (0, True)),
+        (TypeError, "b must be an integer", (0.0, 3)),
+    ]
+    for error, message, args in bad:
+        with pytest.raises(error, match=message):
+            state.forget(*args)
+        assert _snapshot(state) == before, args
+
+
+@pytest.mark.parametrize("kind", [np.int64, torch.tensor])
+def test_forget_takes_numpy_and_tensor_integers(kind):
+    """A 0-d tensor position was looked up by identity: "evicted", the prefix size decremented,
+    the token left in the gate, and a second forget of it accepted."""
+    layer = _layer(HybridSVAttention)
+    x = _inputs(T=24)
+    ex = torch.zeros(2, 24, dtype=torch.bool)
+    ex[0, 2] = ex[1, 9] = True
+    _, state = layer.forward_with_state(x[:, :10])
+    assert state.forget(kind(0), kind(2)) == "decremented"
+    assert state.forget(kind(1), kind(9)) == "masked"
+    with pytest.raises(KeyError, match="already forgotten"):
+        state.forget(0, kind(2))
+    y, state = layer.forward_with_state(x[:, 10:], state)
+    ref = layer.forward_exact(x, exclude=ex)
+    np.testing.assert_allclose(y, ref[:, 10:].detach(), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("cls", LAYERS)
@@ -311,3 +355,113 @@ def test_gate_object_shapes():
     gate = sv_gate(_keys(), C=0.2, sigma=2.0, chunk=8)
     assert isinstance(gate, SVGate) and gate.alpha.shape == (2, 2, 3, 24)
     assert gate.gated.shape == (2, 2, 3) and not gate.exact
+
+
+# ------------------------------------------------------------------------------- budgeted memory
+def _fold_heads(t):
+    """(B, T, H, D) -> (B * H, T, 1, D): every head becomes a one-head sequence."""
+    B, T, H, D = t.shape
+    return t.transpose(1, 2).reshape(B * H, T, 1, D)
+
+
+def _exact_with_head_exclusions(layer, x, exclude):
+    """``forward_exact`` with an exclusion mask per (sequence, head), ``exclude`` (B, H, T).
+
+    The heads of an SV layer are independent until ``o_proj``, so folding them into the batch
+    runs the exact gate and the readout of each head on its own key set.
+    """
+    q, k, v = layer._qkv(x)
+    B, T, H, _ = q.shape
+    ex = exclude.reshape(B * H, T)
+    gate = exact_sv_gate(_fold_heads(k), C=layer.C, sigma=layer.sigma, chunk=layer.chunk,
+                         exclude=ex)
+    o = layer._readout(_fold_heads(q), _fold_heads(k), _fold_heads(v), gate, ex)
+    return layer.o_proj(o.reshape(B, H, T, -1).transpose(1, 2).flatten(-2))
+
+
+def _recurring_inputs(T, P=12, noise=0.02, seed=11):
+    """P base tokens repeated with small noise: the support set stays small, so a budget can
+    bound the memory while the stream grows without end."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(2, P, 8, generator=g, dtype=torch.float64)
+    return base[:, torch.arange(T) % P] + noise * torch.randn(2, T, 8, generator=g,
+                                                                dtype=torch.float64)
+
+
+def _needed_positions(state, b):
+    """Positions whose key and value a later read or admission can still use."""
+    held = set().union(*(ids.keys() for ids in state.ids[b]))
+    return held | (set(state.local[b]) - state.forgotten[b])
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_budgeted_stream_stores_bounded_keys_and_equals_the_exact_reference(cls):
+    """Under a budget the stored keys and values are exactly those some head holds or the
+    current chunk needs (they were all kept for ever), and every output still equals the exact
+    gate of the keys each head holds, minus the forgotten tokens."""
+    torch.manual_seed(0)
+    layer = cls(8, 2, chunk=8, C=0.25).double()
+    T, chunk, w = 320, 8, warmup_size(0.25)
+    x = _recurring_inputs(T)
+    state = layer.init_state(2, budget=8)
+    forgets = {96: [(0, 90, "masked"), (1, 20, "decremented")],
+               200: [(1, 195, "masked"), (0, 41, "evicted")]}
+    outs, excluded, split, peak = [], {}, False, 0
+    for t in range(T):
+        for b, p, outcome in forgets.get(t, []):
+            assert state.forget(b, p) == outcome
+        y, state = layer.step(x[:, t], state)
+        outs.append(y)
+        for b in range(2):
+            assert set(state.keys[b]) == set(state.values[b]) == _needed_positions(state, b)
+        peak = max(peak, *state.state_summary()["stored"])
+        if t % chunk == 0:  # the boundary at t has just been admitted (and evicted)
+            exclude = torch.ones(2, 2, T, dtype=torch.bool)
+            for b in range(2):
+                held = [set(ids) for ids in state.ids[b]]
+                split |= bool(held[0] ^ held[1])  # evicted from one head, held by the other
+                for h in range(2):
+                    exclude[b, h, sorted(held[h])] = False
+                    assert (state.prefix_size[b] >= w) == (len(held[h]) >= w)  # same warm-up
+            exclude[:, :, t:] = False
+            excluded[t // chunk] = exclude
+    assert split and state.evicted > 0
+    assert peak <= 40  # every one of the T = 320 was kept before
+    outs = torch.stack(outs, 1)
+    for c, exclude in excluded.items():
+        for b, p, _ in (f for when, fs in forgets.items() if when <= c * chunk for f in fs):
+            exclude[b, :, p] = True
+        end = min(T, (c + 1) * chunk)
+        ref = _exact_with_head_exclusions(layer, x[:, :end], exclude[:, :, :end]).detach()
+        np.testing.assert_allclose(outs[:, c * chunk:end], ref[:, c * chunk:], rtol=0,
+                                   atol=1e-12, err_msg=f"chunk {c}")
+
+
+# ------------------------------------------------------------------------------- input checks
+@pytest.mark.parametrize("cls", LAYERS)
+@pytest.mark.parametrize("path", ["forward", "forward_exact", "forward_with_state"])
+def test_empty_sequence_is_refused_like_every_other_layer(cls, path):
+    layer = _layer(cls)
+    with pytest.raises(ValueError, match=r"the sequence is empty \(T = 0\)"):
+        getattr(layer, path)(_inputs(T=0))
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("path", ["forward", "forward_exact", "forward_with_state"])
+def test_half_precision_is_refused_naming_the_supported_dtypes(cls, dtype, path):
+    layer = _layer(cls, dtype=dtype)
+    with pytest.raises(TypeError, match=r"supports float32 and float64 only.*" + str(dtype)):
+        getattr(layer, path)(_inputs(T=9, dtype=dtype))
+
+
+@pytest.mark.parametrize("cls", LAYERS)
+def test_streaming_keeps_no_autograd_graph(cls):
+    """The state stored v with its graph (every step's graph kept alive by the state)."""
+    layer = _layer(cls)
+    x = _inputs(T=12).requires_grad_()
+    y, state = layer.forward_with_state(x)
+    y_t, state = layer.step(x[:, 0].detach(), state)
+    assert not y.requires_grad and not y_t.requires_grad
+    stored = [t for d in state.keys + state.values for t in d.values()]
+    assert stored and not any(t.requires_grad or t.grad_fn is not None for t in stored)

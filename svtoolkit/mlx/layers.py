@@ -368,12 +368,7 @@ class CausalSVAttention(nn.Module):
         layer = cls(module.d_model, module.n_heads, C=module.C, sigma=module.sigma,
                     chunk=module.chunk, fista_iters=module.fista_iters, ridge=module.ridge,
                     head_dim=module.head_dim, bias=module.q_proj.bias is not None)
-        weights = []
-        for name, tensor in module.state_dict().items():
-            array = tensor.detach().cpu().numpy()
-            dtype = mx.float64 if array.dtype == np.float64 else mx.float32
-            weights.append((name, mx.array(array.astype(np.float64 if dtype == mx.float64
-                                                        else np.float32), dtype=dtype)))
+        weights = [(name, _mlx_weight(tensor)) for name, tensor in module.state_dict().items()]
         layer.load_weights(weights, strict=True)
         return layer
 
@@ -384,6 +379,17 @@ class HybridSVAttention(CausalSVAttention):
     parameters as :class:`CausalSVAttention`."""
 
     hybrid = True
+
+
+def _mlx_weight(tensor):
+    """A torch weight as an MLX array: float64 stays float64, every other floating dtype
+    (float32, float16, bfloat16 - NumPy has no bfloat16) becomes float32."""
+    tensor = tensor.detach().cpu()
+    if not tensor.is_floating_point():
+        raise TypeError(f"from_torch copies floating-point weights; got dtype {tensor.dtype}")
+    wide = tensor.element_size() == 8
+    array = (tensor.double() if wide else tensor.float()).numpy()
+    return mx.array(array, dtype=mx.float64 if wide else mx.float32)
 
 
 def from_torch(module):

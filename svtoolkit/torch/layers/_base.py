@@ -63,12 +63,17 @@ class HeadsAttention(nn.Module):
         return y.unflatten(-1, (self.n_heads, self.head_dim))
 
     def _check_input(self, x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        """Check x is a floating-point (B, T, d_model) tensor with T >= 1."""
+        if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a floating-point tensor; got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor; got dtype {x.dtype}")
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(
                 f"x must have shape (B, T, d_model={self.d_model}); got {tuple(x.shape)}"
             )
+        if x.shape[1] == 0:
+            raise ValueError("the sequence is empty (T = 0); pass at least one token")
 
     def _run(self, x, state, want_state):
         self._check_input(x)

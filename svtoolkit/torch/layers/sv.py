@@ -25,11 +25,17 @@ without it (same C), for a current-chunk token because it is masked out of the l
 of future admission. Outputs emitted before the call are history and are not recomputed.
 Certified eviction changes no output until the next admission (reserve keys carry weight
 exactly 0; a later admission may have made them matter again - the certificate's scope).
+Under a budget the stored keys and values are bounded too: a position's key and value are
+dropped once no head holds it and it is not in the current chunk.
+
+Streaming inference is not differentiable: ``forward_with_state`` and ``step`` run without
+autograd and the state stores detached keys and values (train with ``forward``).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 import torch
@@ -48,6 +54,9 @@ from ..ops.sv_attention import (
 from ._base import HeadsAttention
 
 __all__ = ["CausalSVAttention", "HybridSVAttention", "SVStreamState"]
+
+#: dtypes of the inputs and weights the SV layers compute in (the exact gate is fp64 inside).
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
 
 class CausalSVAttention(HeadsAttention):
@@ -73,6 +82,8 @@ class CausalSVAttention(HeadsAttention):
     -----
     Warm-up: a prefix with fewer than ``ceil(1/C) + 2`` keys is read ungated. The first chunk
     (empty prefix) outputs 0 before ``o_proj``; the hybrid variant fixes that blind spot.
+    Inputs and weights must be float32 or float64 (``TypeError`` otherwise; the batched gate
+    has no half-precision kernels).
     """
 
     hybrid = False
@@ -90,6 +101,16 @@ class CausalSVAttention(HeadsAttention):
         self.ridge = float(ridge)
 
     # ------------------------------------------------------------------ projections
+    def _check_input(self, x):
+        """The base checks, then float32/float64 for x and the weights."""
+        super()._check_input(x)
+        weight = self.q_proj.weight.dtype
+        if x.dtype not in SUPPORTED_DTYPES or weight not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{type(self).__name__} supports float32 and float64 only; got x of dtype "
+                f"{x.dtype} and weights of dtype {weight} (convert with .float() or .double())"
+            )
+
     def _qkv(self, x):
         self._check_input(x)
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
@@ -132,13 +153,17 @@ class CausalSVAttention(HeadsAttention):
         return SVStreamState(self, batch_size, budget=budget)
 
     def forward_with_state(self, x, state=None):
-        """Exact streaming: continue the sequences of ``state`` with x (B, T, d_model)."""
+        """Exact streaming: continue the sequences of ``state`` with x (B, T, d_model).
+
+        Inference only: runs without autograd (the outputs carry no graph).
+        """
         self._check_input(x)
         if state is None:
             state = self.init_state(x.shape[0])
         if state.layer is not self or state.batch_size != x.shape[0]:
             raise ValueError("state belongs to another layer or batch size")
-        outs = [state._push(self, x[:, t]) for t in range(x.shape[1])]
+        with torch.no_grad():
+            outs = [state._push(self, x[:, t]) for t in range(x.shape[1])]
         return torch.stack(outs, 1), state
 
 
@@ -157,8 +182,10 @@ class SVStreamState:
     """Exact streaming state of one SV layer for ``batch_size`` sequences.
 
     Per (sequence, head): an :class:`svtoolkit.IncrementalSVDD` over the admitted long-range
-    keys (fp64), their values, and the gate multipliers. Per sequence: the current chunk's
-    tokens (read directly by the hybrid; admitted at the next boundary).
+    keys (fp64) and the gate multipliers. Per sequence: the current chunk's tokens (read
+    directly by the hybrid; admitted at the next boundary) and the key and value of every
+    position still needed - held by some head's solver or in the current chunk and not
+    forgotten. Keys and values are stored detached: streaming is inference only.
 
     Parameters
     ----------
@@ -168,7 +195,8 @@ class SVStreamState:
         Admitted keys per (sequence, head) above which certified reserve keys are evicted at a
         boundary. Keys with weight > 0 are never evicted (the certificate would not hold), so a
         support set larger than the budget keeps the memory above it (``over_budget`` counts
-        such boundaries).
+        such boundaries). A key evicted from every head is dropped from the stored keys and
+        values, so the memory stays bounded over an unbounded stream.
     """
 
     def __init__(self, layer, batch_size, *, budget=None):
@@ -197,6 +225,12 @@ class SVStreamState:
     def forget(self, b, position):
         """Delete token ``position`` of sequence ``b`` from the memory.
 
+        Parameters
+        ----------
+        b, position : int
+            Any integer (Python, NumPy or a one-element integer torch tensor), converted with
+            ``operator.index`` before anything changes.
+
         Returns
         -------
         str
@@ -207,20 +241,22 @@ class SVStreamState:
 
         Raises
         ------
+        TypeError
+            ``b`` or ``position`` is not an integer (a float, a float tensor, a bool).
         IndexError
             ``b`` out of range, or ``position`` not seen yet.
         KeyError
             ``position`` already forgotten.
+
+        Notes
+        -----
+        A refused call changes nothing: every check runs before the first change.
         """
-        if not 0 <= b < self.batch_size:
-            raise IndexError(f"sequence {b} out of range for batch size {self.batch_size}")
-        if not 0 <= position < self.position:
-            raise IndexError(f"position {position} has not been seen (stream is at "
-                             f"{self.position})")
-        if position in self.forgotten[b]:
-            raise KeyError(f"position {position} of sequence {b} was already forgotten")
+        b, position = _as_index("b", b), _as_index("position", position)
+        self._check_forget(b, position)
         self.forgotten[b].add(position)
         if position in self.local[b]:
+            self._drop(b, position)  # never read nor admitted again
             return "masked"
         self.prefix_size[b] -= 1
         outcome = "evicted"
@@ -230,11 +266,25 @@ class SVStreamState:
                 solver.remove(key_id)
                 outcome = "decremented"
             self._refresh(b, h)
-        self.keys[b].pop(position, None)
-        self.values[b].pop(position, None)
+        self._drop(b, position)
         return outcome
 
+    def _check_forget(self, b, position):
+        """Raise unless token ``position`` of sequence ``b`` can be forgotten now."""
+        if not 0 <= b < self.batch_size:
+            raise IndexError(f"sequence {b} out of range for batch size {self.batch_size}")
+        if not 0 <= position < self.position:
+            raise IndexError(f"position {position} has not been seen (stream is at "
+                             f"{self.position})")
+        if position in self.forgotten[b]:
+            raise KeyError(f"position {position} of sequence {b} was already forgotten")
+
     # ------------------------------------------------------------------ internals
+    def _drop(self, b, position):
+        """Forget the stored key and value of a position no head and no later read needs."""
+        self.keys[b].pop(position, None)
+        self.values[b].pop(position, None)
+
     def _refresh(self, b, h):
         """Multipliers of the admitted keys: a / C when the gate is on, else 1."""
         solver = self.solvers[b][h]
@@ -248,22 +298,36 @@ class SVStreamState:
         self.multipliers[b][h] = mult
 
     def _admit_chunk(self, b):
+        """Admit the finished chunk of sequence b, evict over the budget, drop unheld keys."""
         for p in self.local[b]:
             if p in self.forgotten[b]:
+                self._drop(b, p)
                 continue
             for h, solver in enumerate(self.solvers[b]):
                 self.ids[b][h][p] = solver.add(self.keys[b][p][h].numpy())
             self.prefix_size[b] += 1
         self.local[b] = []
-        for h, solver in enumerate(self.solvers[b]):
-            if self.budget is not None and len(solver) > self.budget:
-                for key_id in solver.evict_reserve():
-                    position = next(p for p, i in self.ids[b][h].items() if i == key_id)
-                    del self.ids[b][h][position]
-                    self.evicted += 1
-                if len(solver) > self.budget:
-                    self.over_budget += 1
+        evicted = set()
+        for h in range(self.layer.n_heads):
+            evicted.update(self._evict(b, h))
             self._refresh(b, h)
+        for p in evicted:  # a key evicted from one head may still be held by another
+            if not any(p in ids for ids in self.ids[b]):
+                self._drop(b, p)
+
+    def _evict(self, b, h):
+        """Certified eviction of head h's reserve keys above the budget; their positions."""
+        solver = self.solvers[b][h]
+        if self.budget is None or len(solver) <= self.budget:
+            return []
+        position_of = {i: p for p, i in self.ids[b][h].items()}
+        positions = [position_of[int(key_id)] for key_id in solver.evict_reserve()]
+        for p in positions:
+            del self.ids[b][h][p]
+        self.evicted += len(positions)
+        if len(solver) > self.budget:
+            self.over_budget += 1
+        return positions
 
     def _push(self, layer, x_t):
         """Process one token for every sequence: x_t (B, d_model) -> y_t (B, d_model)."""
@@ -276,7 +340,7 @@ class SVStreamState:
         outs = []
         for b in range(self.batch_size):
             self.keys[b][t] = k[b].detach().to("cpu", torch.float64)
-            self.values[b][t] = v[b]
+            self.values[b][t] = v[b].detach()
             self.local[b].append(t)
             outs.append(self._read(layer, b, q[b], k, v))
         self.position = t + 1
@@ -309,10 +373,24 @@ class SVStreamState:
         return torch.stack(outs)
 
     def state_summary(self):
-        """Admitted keys per (sequence, head), evictions and budget overruns."""
+        """Admitted keys per (sequence, head), stored keys per sequence, evictions and budget
+        overruns."""
         return {
             "position": self.position,
             "admitted": np.array([[len(s) for s in row] for row in self.solvers]),
+            "stored": np.array([len(keys) for keys in self.keys]),
             "evicted": self.evicted,
             "over_budget": self.over_budget,
         }
+
+
+def _as_index(name, value):
+    """``operator.index(value)`` with a clear error (bools, floats, float tensors refused)."""
+    is_bool = isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, torch.Tensor) and value.dtype == torch.bool)
+    if not is_bool:
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an integer; got {value!r} ({type(value).__name__})")

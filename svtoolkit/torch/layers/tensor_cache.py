@@ -40,8 +40,8 @@ class TensorCache(HeadsAttention):
     normalize_keys : bool, default True
         L2-normalise keys written into the memory.
     logit_clamp : float, default 10.0
-        lambda and eta logits are clamped to [-c, c] (lambda >= sigmoid(-c) keeps eta / lambda
-        finite in the delta mapping).
+        lambda and eta logits are clamped to [-c, c], so both stay in
+        [sigmoid(-c), sigmoid(c)] (the op itself also accepts lambda = 0).
 
     Notes
     -----

@@ -23,6 +23,18 @@ chunk, with gamma_i = g_1 + ... + g_i the inclusive chunk-local cumulative log-d
 Every exponential is of a non-positive number: gamma_i, gamma_i - gamma_j for i >= j (the upper
 triangle is masked to 0 *before* exponentiating) and gamma_C - gamma_i. Nothing is divided by a
 cumulative decay, so strong decay cannot overflow. Without the delta correction U_eff = V.
+
+A decay of exactly 0 (``g_t = -inf``, or any g_t whose ``exp`` is 0 in the compute dtype) is a
+*reset*: it is left out of the cumulative sums (which would otherwise meet ``-inf - (-inf)``)
+and every factor whose product of decays spans a reset is set to 0 instead, so the result is
+exact and finite.
+
+``decayed_beta=True`` is the variant ``S_t = a_t S_{t-1} + c_t k_t (v_t - S_{t-1}^T k_t)^T``
+(correction against the pre-decay state, write not decayed; c_t passed as ``beta``). It is the
+gated rule with ``b_t = c_t / a_t`` and values ``a_t v_t`` but needs no division by a_t, so
+a_t = 0 is allowed: in the UT transform ``b_i exp(gamma_i - gamma_j)`` becomes
+``c_i exp(gamma_{i-1} - gamma_j)``, ``b_i exp(gamma_i)`` becomes ``c_i exp(gamma_{i-1})`` and
+``diag(b) V`` becomes ``diag(c) V``.
 """
 
 from __future__ import annotations
@@ -49,14 +61,18 @@ def _decay_terms(g_chunks: torch.Tensor, causal: torch.Tensor):
 
     Returns ``(pair, to_start, to_end, total)`` with shapes ``[..., C, C]``, ``[..., C, 1]``,
     ``[..., C, 1]`` and ``[...]``: exp(gamma_i - gamma_j) masked to i >= j, exp(gamma_i),
-    exp(gamma_C - gamma_i) and exp(gamma_C).
+    exp(gamma_C - gamma_i) and exp(gamma_C). A reset (decay exactly 0) is summed as 0 and
+    counted instead; a factor spanning a reset is 0.
     """
-    gamma = g_chunks.cumsum(dim=-1)
+    reset = g_chunks.exp() == 0
+    gamma = torch.where(reset, torch.zeros_like(g_chunks), g_chunks).cumsum(dim=-1)
+    resets = reset.to(torch.int64).cumsum(dim=-1)  # resets in tokens 1..i of the chunk
     diff = gamma[..., :, None] - gamma[..., None, :]
-    pair = torch.where(causal, diff, torch.zeros_like(diff)).exp() * causal
-    to_start = gamma.exp()[..., None]
-    to_end = (gamma[..., -1:] - gamma).exp()[..., None]
-    total = gamma[..., -1].exp()
+    keep = causal & (resets[..., :, None] == resets[..., None, :])
+    pair = torch.where(keep, diff, torch.zeros_like(diff)).exp() * keep
+    to_start = (gamma.exp() * (resets == 0))[..., None]
+    to_end = ((gamma[..., -1:] - gamma).exp() * (resets[..., -1:] == resets))[..., None]
+    total = gamma[..., -1].exp() * (resets[..., -1] == 0)
     return pair, to_start, to_end, total
 
 
@@ -71,6 +87,7 @@ def chunk_scan(
     chunk_size: int,
     initial_state: torch.Tensor | None,
     output_final_state: bool,
+    decayed_beta: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the chunked recurrence on validated inputs already cast to one compute dtype.
 
@@ -79,7 +96,7 @@ def chunk_scan(
     q, k : Tensor of shape (B, T, H, K)
     v : Tensor of shape (B, T, H, V)
     g : Tensor of shape (B, T, H) or None
-        Log-decay per token (<= 0); None means no decay (a_t = 1).
+        Log-decay per token (<= 0, ``-inf`` allowed: a_t = 0); None means no decay (a_t = 1).
     beta : Tensor of shape (B, T, H) or None
         Delta-rule write strength; None means the plain additive write ``S += k v^T``.
     scale : float
@@ -88,6 +105,9 @@ def chunk_scan(
         Chunk length C; the effective chunk is ``min(C, T)``.
     initial_state : Tensor of shape (B, H, K, V) or None
     output_final_state : bool
+    decayed_beta : bool, default False
+        ``beta`` is c_t of ``S_t = a_t S_{t-1} + c_t k_t (v_t - S_{t-1}^T k_t)^T`` (module
+        docstring) instead of b_t of the gated delta rule.
 
     Returns
     -------
@@ -113,7 +133,8 @@ def chunk_scan(
     if beta is None:
         values, wy_keys = vc, None
     else:
-        values, wy_keys = _wy_transform(kc, vc, _to_chunks(beta, n_chunks, chunk), pair, to_start)
+        beta_c = _to_chunks(beta, n_chunks, chunk)
+        values, wy_keys = _wy_transform(kc, vc, beta_c, pair, to_start, decayed_beta)
 
     scores = (qc @ kc.transpose(-1, -2)) * pair  # [B, H, N, C, C], causal incl. the diagonal
     state = initial_state
@@ -134,9 +155,21 @@ def chunk_scan(
     return o, (state if output_final_state else None)
 
 
-def _wy_transform(kc, vc, beta_c, pair, to_start):
-    """UT transform: solve (I + L) [U, W] = [diag(b) V, diag(b exp(gamma)) K] per chunk."""
+def _shift_rows(x, fill):
+    """Row i of the result is row i - 1 of x (row 0 is ``fill``): exclusive from inclusive."""
+    return torch.cat([torch.full_like(x[..., :1, :], fill), x[..., :-1, :]], dim=-2)
+
+
+def _wy_transform(kc, vc, beta_c, pair, to_start, decayed_beta):
+    """UT transform: solve (I + L) [U, W] = [diag(b) V, diag(b exp(gamma)) K] per chunk.
+
+    With ``decayed_beta`` the decays of L and of the key right-hand side stop one token
+    earlier (gamma_{i-1}, module docstring).
+    """
     chunk = kc.shape[-2]
+    if decayed_beta:
+        pair = _shift_rows(pair, 0.0)
+        to_start = None if to_start is None else _shift_rows(to_start, 1.0)
     strict = torch.ones(chunk, chunk, dtype=torch.bool, device=kc.device).tril(-1)
     gram = (kc @ kc.transpose(-1, -2)) * pair * beta_c[..., :, None]
     lower = torch.eye(chunk, dtype=kc.dtype, device=kc.device) + gram * strict

@@ -44,7 +44,8 @@ def gated_delta_rule(
         Queries and keys (the layer L2-normalises keys; the op does not).
     v : Tensor of shape (B, T, H, V)
     g : Tensor of shape (B, T, H)
-        Log-decay ``g_t = log a_t``; must be <= 0 (checked: raises ``ValueError``).
+        Log-decay ``g_t = log a_t``; must be <= 0 and not NaN (checked: raises
+        ``ValueError``). ``-inf`` is allowed: a_t = 0 forgets the state exactly.
     beta : Tensor of shape (B, T, H)
         Write strength b_t (usually in (0, 1); not restricted here).
     scale : float, optional
@@ -69,6 +70,8 @@ def gated_delta_rule(
     batch, length, heads, key_dim, value_dim = check_qkv(q, k, v)
     check_per_token("g", g, batch, length, heads)
     check_per_token("beta", beta, batch, length, heads)
+    if bool(g.isnan().any()):
+        raise ValueError("g must not contain NaN (g = log a_t <= 0; -inf means a_t = 0)")
     if bool((g > 0).any()):
         raise ValueError(f"g must be <= 0 (g = log a_t); got max {g.max().item():.3g}")
     return _delta_scan(q, k, v, g, beta, scale, chunk_size, initial_state, output_final_state)

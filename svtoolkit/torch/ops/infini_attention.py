@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..._validation import check_positive
 from ._common import check_positive_int, check_qkv, check_state, compute_dtype, gate_weight
 
 __all__ = ["INFINI_RULES", "InfiniState", "infini_attention"]
@@ -131,7 +132,8 @@ def infini_attention(
     scale : float, optional
         Softmax scale of the local path; default ``K ** -0.5``.
     eps : float, default 1e-6
-        Floor of the memory-read denominator.
+        Floor of the memory-read denominator; finite and > 0 (checked: ``eps = 0`` would read
+        an empty memory as 0 / 0).
     initial_state : InfiniState, optional
     output_final_state : bool, default False
 
@@ -147,6 +149,7 @@ def infini_attention(
     """
     batch, length, heads, key_dim, value_dim = check_qkv(q, k, v)
     check_positive_int("segment", segment)
+    eps = check_positive(eps, "eps")
     if rule not in INFINI_RULES:
         raise ValueError(f"rule must be one of {INFINI_RULES}; got {rule!r}")
     weight = gate_weight(gate, batch, length, heads)

@@ -25,9 +25,9 @@ Three code paths give the same outputs:
 
   - outer: decay log(lambda), values eta v, no delta correction;
   - wedge: two additive streams, keys (k_hat, v) and values (eta v, -eta k_hat), one decay;
-  - delta: the gated delta rule with a = lambda, b = eta / lambda and values lambda v, since
-    lambda (I - (eta/lambda) k k^T) A + (eta/lambda) k (lambda v)^T
-    = lambda A + eta k (v - A^T k)^T.
+  - delta: the scan's ``decayed_beta`` variant ``A <- lambda A + eta k (v - A^T k)^T``
+    directly (the gated delta rule with a = lambda, b = eta / lambda and values lambda v,
+    written without dividing by lambda, so lambda may underflow to 0).
 
 * :func:`tensor_cache_step` -- streaming: a ring buffer of W slots (token p in slot p % W) and the
   D x D memory; constant state; the evicted pair is written *before* the read.
@@ -35,6 +35,8 @@ Three code paths give the same outputs:
 
 Decay is handled in log space in fp32 or wider: ``log_decay`` is log(lambda) per head, the scan
 exponentiates only non-positive cumulative sums (never lambda ** n in low precision).
+``log_decay = -inf`` (lambda = 0: the memory keeps only the last write) is allowed, and so is a
+log_decay whose exp underflows; every path then agrees with the per-token reference.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ def _check_rule(rule: str, key_dim: int, value_dim: int) -> None:
 def _check_decay_rate(log_decay: torch.Tensor, rate: torch.Tensor, heads: int) -> None:
     check_per_head("log_decay", log_decay, heads)
     check_per_head("rate", rate, heads)
+    if bool(log_decay.isnan().any()):
+        raise ValueError("log_decay must not contain NaN (log of lambda in [0, 1])")
     if bool((log_decay > 0).any()):
         raise ValueError(
             "log_decay must be <= 0 (log of lambda in (0, 1]); "
@@ -150,19 +154,19 @@ def _check_initial_state(state: TensorCacheState, batch, window, heads, key_dim,
 def _memory_scan(q, wk, wv, on, log_decay, rate, rule, memory, chunk_size, output_final_state):
     """Read r_t = q_t^T A_t of the memory fed by the write stream (wk, wv); on[t] = write or not."""
     batch, length, heads, _ = q.shape
-    on3 = on[None, :, None]  # [1, T, 1]
-    g = (log_decay[None, None, :] * on3).expand(batch, length, heads)
-    eta = (rate[None, None, :] * on3).expand(batch, length, heads)
+    on3 = on[None, :, None] > 0  # [1, T, 1]
+    # where, not a product: log_decay = -inf times "off" (0) would be NaN
+    g = torch.where(on3, log_decay[None, None, :], 0.0).expand(batch, length, heads)
+    eta = torch.where(on3, rate[None, None, :], 0.0).expand(batch, length, heads)
     common = dict(scale=1.0, chunk_size=chunk_size, output_final_state=output_final_state)
     if rule == "outer":
         return chunk_scan(
             q, wk, wv * eta[..., None], g=g, beta=None, initial_state=memory, **common
         )
     if rule == "delta":
-        decay = log_decay.exp()  # lambda > 0
-        beta = eta / decay
-        lam_v = wv * decay[None, None, :, None]
-        return chunk_scan(q, wk, lam_v, g=g, beta=beta, initial_state=memory, **common)
+        return chunk_scan(
+            q, wk, wv, g=g, beta=eta, initial_state=memory, decayed_beta=True, **common
+        )
     # wedge: A += eta (k v^T - v k^T), two additive streams sharing one decay
     o, state = chunk_scan(
         torch.cat([q, q]),
@@ -200,7 +204,8 @@ def tensor_cache_paths(
     window : int
         W >= 1: the L1 window [t-W+1, t]; token t-W is written to the memory at step t.
     log_decay : Tensor of shape (H,)
-        log(lambda) per head, <= 0 (pass it in fp32 or wider; it is used in log space).
+        log(lambda) per head, <= 0 and not NaN; ``-inf`` means lambda = 0 (pass it in fp32 or
+        wider; it is used in log space).
     rate : Tensor of shape (H,)
         Write rate eta per head.
     rule : {"outer", "delta", "wedge"}, default "outer"
@@ -335,6 +340,19 @@ def tensor_cache(
     return o.to(q.dtype), state
 
 
+def _step_gate(gate: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """Check a streaming gate of shape ``[H]`` or ``[B, H]``; return it as ``[B or 1, H, 1]``."""
+    if not isinstance(gate, torch.Tensor) or gate.ndim == 1:
+        check_per_head("gate", gate, heads)
+        return gate[None, :, None]
+    if tuple(gate.shape) != (batch, heads):
+        raise ValueError(
+            f"gate must have shape [H] or [B, H] = {(batch, heads)}; got {tuple(gate.shape)}"
+        )
+    check_state("gate", gate, (batch, heads))  # floating point
+    return gate[..., None]
+
+
 def _write(memory, key, value, decay, rate, rule):
     """One memory write: A <- lambda A + eta write(key, value); key/value [B, H, K] / [B, H, V]."""
     lam = decay[None, :, None, None]
@@ -378,6 +396,7 @@ def tensor_cache_step(
     log_decay, rate, rule, scale, normalize_keys
         As in :func:`tensor_cache_paths`.
     gate : Tensor of shape (H,) or (B, H)
+        Weight of the memory path (checked like the parallel form's gate).
 
     Returns
     -------
@@ -393,6 +412,7 @@ def tensor_cache_step(
     check_state("v", v, (batch, heads, value_dim))
     _check_rule(rule, key_dim, value_dim)
     _check_decay_rate(log_decay, rate, heads)
+    weight = _step_gate(gate, batch, heads)
     dtype = compute_dtype(q, k, v, state.memory, log_decay)  # float32 or wider
     decay, eta = log_decay.to(dtype).exp(), rate.to(dtype)
     state.memory = state.memory.to(dtype)
@@ -415,5 +435,4 @@ def tensor_cache_step(
     scores = (keys @ q[..., None])[..., 0] * scale  # [B, H, S]
     local = (scores.softmax(dim=-1)[..., None, :] @ values)[..., 0, :]
     read = (q[..., None, :] @ state.memory)[..., 0, :]
-    weight = gate[None, :, None] if gate.ndim == 1 else gate[..., None]
     return local + weight.to(dtype) * read, state
