@@ -303,7 +303,7 @@ def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbos
         cp.Minimize(cp.quad_form(a, cp.psd_wrap(K)) - np.diag(K) @ a),
         [cp.sum(a) == 1, a >= 0, a <= C],
     )
-    name = solver.upper()
+    name = solver.upper() if isinstance(solver, str) else solver
     if name == "CLARABEL":
         problem.solve(solver=cp.CLARABEL, verbose=verbose, tol_gap_abs=1e-12,
                       tol_gap_rel=1e-12, tol_feas=1e-12, tol_ktratio=1e-10, max_iter=500)

@@ -790,6 +790,11 @@ def test_failure_while_rebuilding_keeps_an_exact_prefix_and_returns_the_rest(mon
     assert s.add(X[0]) == 30  # issued ids are never handed out again
 
 
+def test_from_nu_names_nu_when_C_would_overflow():
+    with pytest.raises(ValueError, match=r"nu \* n0 = .* is too small"):
+        IncrementalSVDD.from_nu(1e-320, 1, 1.0)
+
+
 def test_copy_keeps_settings():
     s = _filled()
     s.max_events = 77

@@ -239,7 +239,11 @@ class IncrementalSVDD:
             raise ValueError(f"nu must be in (0, 1]; got {nu}")
         if isinstance(n0, bool) or not isinstance(n0, numbers.Integral) or n0 < 1:
             raise ValueError(f"n0 must be an integer >= 1; got {n0!r}")
-        return cls(1.0 / (nu * int(n0)), sigma, **kwargs)
+        C = 1.0 / (nu * int(n0))
+        if not np.isfinite(C):
+            raise ValueError(f"nu * n0 = {nu * int(n0)!r} is too small: C = 1 / (nu n0) "
+                             "is not a finite float")
+        return cls(C, sigma, **kwargs)
 
     # ------------------------------------------------------------------ state and allocation
     def _allocate(self, d, cap, mcap):
