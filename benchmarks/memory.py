@@ -165,7 +165,8 @@ def table(payload):
         s, q, p = r["seconds"], r["ratios_of_medians"], r["partition"]
         lines.append(
             f"| {r['n']} | {r['d']} ({r['intrinsic_d']}) | "
-            f"{p['margin']}/{p['error']}/{p['reserve']} | {s['bare']['median']:.2e} | {s['bare+kkt']['median']:.2e} | "
+            f"{p['margin']}/{p['error']}/{p['reserve']} | {s['bare']['median']:.2e} | "
+            f"{s['bare+kkt']['median']:.2e} | "
             f"{s['store (verify=False)']['median']:.2e} | {s['store']['median']:.2e} | "
             f"{q['store (verify=False) / bare']:.2f} | {q['store / bare+kkt']:.2f} | "
             f"{q['store / bare']:.1f} |")

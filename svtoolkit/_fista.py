@@ -18,6 +18,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import njit
+from .exact._walk import FEASIBILITY_TOL
 
 __all__ = ["fista_batch", "fista_prefix_batch"]
 
@@ -30,13 +31,18 @@ PROJECTION_MAX_ITER = 100
 PARTITION_TOL = 1e-3
 #: Default ridge on the margin block of the bordered system (paper eq. 6).
 RIDGE = 1e-3
+#: A problem with m keys is feasible when ``m C >= FEASIBLE_FROM`` (float64): the exact
+#: solver's rule, ``n C >= 1 - FEASIBILITY_TOL`` (the kernels read it as a compile-time
+#: constant, so a change of FEASIBILITY_TOL needs their Numba cache cleared).
+FEASIBLE_FROM = 1.0 - FEASIBILITY_TOL
 
 
 @njit(parallel=True, cache=True)
 def fista_batch(K, mask, C, iters, power_iters, restart, out):
     """FISTA on every problem of the batch in parallel; writes alpha into ``out`` (G, n).
 
-    Infeasible problems (m C < 1, m masked keys) get C on their keys; off-mask entries get 0.
+    Infeasible problems (m C < FEASIBLE_FROM, m masked keys) get C on their keys; off-mask
+    entries get 0.
     Returns the number of projections that hit the iteration safeguard (0 when all exact).
     """
     G = K.shape[0]
@@ -75,7 +81,7 @@ def _fista_one(K, mask, C, iters, power_iters, restart, a_out):
         a_out[i] = 0.0
     if m == 0:
         return 0
-    if m * np.float64(C) < 1.0:
+    if m * np.float64(C) < FEASIBLE_FROM:
         for i in idx:
             a_out[i] = C
         return 0
@@ -92,14 +98,14 @@ def _fista_one(K, mask, C, iters, power_iters, restart, a_out):
     a_new = np.empty(m, dtype=dtype)
     t = dtype.type(1.0)
     lam = 0.0  # scalars of the projection in float64
-    tol = 4.0 * np.finfo(dtype).eps * (1.0 + m * np.float64(C))
+    eps = np.float64(np.finfo(dtype).eps)  # rounding level of the result's dtype
     unconverged = 0
     ky = np.empty(m, dtype=dtype)
     for _ in range(iters):
         _sym_matvec(Kc, y, ky)
         for r in range(m):
             z[r] = y[r] - step * (dtype.type(2.0) * ky[r] - Kc[r, r])
-        lam, ok = _projection_root(z, np.float64(C), lam, tol)
+        lam, ok = _projection_root(z, np.float64(C), lam, eps)
         if not ok:
             unconverged += 1
         lam_d = dtype.type(lam)
@@ -189,12 +195,19 @@ def _piece(z, lam, C):
 
 
 @njit
-def _projection_root(z, C, lam, tol):
+def _rounding_tol(eps, lam, n_free):
+    """Rounding level of ``s(lam) - 1``: ``4 eps (1 + |F| |lam|)`` (see the tensor path)."""
+    return 4.0 * eps * (1.0 + n_free * abs(lam))
+
+
+@njit
+def _projection_root(z, C, lam, eps):
     """Root of s(lam) = sum_i clip(z_i - lam, 0, C) = 1 by safeguarded Newton.
 
-    Same stopping rules as the tensor path: the Newton point lands on the piece it came from
-    (closed-form finish, exact), |s - 1| <= tol, or the bracket cannot be split further.
-    Returns (lam, converged).
+    Same stopping rules as the tensor path: the Newton point lands on the piece it came from,
+    |s - 1| <= 4 eps (1 + |F| |lam|) (``eps`` of the result's dtype), or the bracket cannot be
+    split further; the first two end with a closed-form step on the final piece,
+    ``lam += (s - 1) / |F|``. Returns (lam, converged).
     """
     lo = np.float64(z.min()) - C
     hi = np.float64(z.max())
@@ -205,15 +218,14 @@ def _projection_root(z, C, lam, tol):
     for _ in range(PROJECTION_MAX_ITER):
         s, n_free, n_capped = _piece(z, lam, C)
         r = s - 1.0
-        if (came_from_newton and n_free == prev_free and n_capped == prev_capped) or (
-            abs(r) <= tol
-        ):
-            return lam, True
+        newton = lam + r / max(n_free, 1)
+        same_piece = came_from_newton and n_free == prev_free and n_capped == prev_capped
+        if same_piece or abs(r) <= _rounding_tol(eps, lam, n_free):
+            return (newton if n_free > 0 else lam), True
         if r > 0:
             lo = lam
         else:
             hi = lam
-        newton = lam + r / max(n_free, 1)
         inside = n_free > 0 and lo < newton < hi
         mid = 0.5 * (lo + hi)
         if not inside and (mid <= lo or mid >= hi):

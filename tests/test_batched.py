@@ -11,6 +11,9 @@ Seeds are fixed per test (``np.random.default_rng(SEED + k)``).
 
 from __future__ import annotations
 
+import contextlib
+import signal
+
 import naive_batched as nb
 import numpy as np
 import pytest
@@ -702,3 +705,143 @@ def test_fista_at_n256_reaches_the_exact_objective(backend, kind, bound):
     for Kg, ref, a in zip(grams, exact, A, strict=True):
         gap = (nb.objective(Kg, a) - ref["objective"]) / abs(ref["objective"])
         assert gap <= max(backend.tol["fista_gap"], bound)
+
+
+# --------------------------------------------------------------------------------------------
+# feasibility to rounding at every box, count thresholds, empty shapes
+# --------------------------------------------------------------------------------------------
+
+BOXES = [0.05, 1.0, 100.0, 1e4]
+
+
+def _eps(backend):
+    return float(np.finfo(backend.dtype).eps)
+
+
+@pytest.mark.parametrize("C", BOXES, ids=[f"C={C:g}" for C in BOXES])
+def test_projection_sum_is_at_rounding_level_for_every_box(backend, C):
+    """``|sum(a) - 1| <= 4 eps (1 + |F| |lam|)`` (F the free entries) at n = 256, whatever
+    ``m C``: the stopping tolerance once grew with ``m C`` (1.2e-2 at C = 100 in float32)."""
+    rng = np.random.default_rng(SEED + 11)
+    Y = backend.numpy(backend.array(rng.normal(size=(64, 256)) * 0.05))
+    A = backend.numpy(backend.api.project_capped_simplex(backend.array(Y), C))
+    for y, a in zip(Y, A, strict=True):
+        ref, lam = nb.project_capped_simplex_sorted(y, C)
+        n_free = np.count_nonzero((ref > 0) & (ref < C))
+        assert abs(a.sum() - 1.0) <= 4 * _eps(backend) * (1 + n_free * abs(lam))
+
+
+@pytest.mark.parametrize("C", BOXES + [1e30], ids=[f"C={C:g}" for C in BOXES + [1e30]])
+def test_fista_iterate_is_feasible_to_rounding_for_every_box(backend, gaussian_problems, C):
+    """FISTA's iterate sums to 1 within 4 eps on every feasible problem, for the fused Numba
+    kernel and the tensor path alike. K = I (4 keys) is solved by the uniform point; with the
+    old tolerance it stopped at [0.5] * 4 for C >= 1e6 (float32) and C >= 1e16 (float64)."""
+    grams, _ = gaussian_problems
+    K, mask = _pack(grams + [np.eye(4)], 40)
+    runs = [{}]  # the CPU torch backend has two paths: the fused Numba kernel and tensor ops
+    if backend.framework == "torch" and backend.device == "cpu":
+        runs = [{"backend": "numba"}, {"backend": "torch"}]
+    feasible = mask.sum(-1) * C >= 1.0
+    for kwargs in runs:
+        A = backend.api.fista_svdd(backend.array(K), C, mask=backend.array(mask), **kwargs)
+        A = backend.numpy(A)
+        assert np.all(np.abs(A[feasible].sum(-1) - 1.0) <= 4 * _eps(backend)), kwargs
+        if feasible[3]:
+            np.testing.assert_allclose(A[3, :4], 0.25, rtol=0, atol=4 * _eps(backend))
+
+
+@contextlib.contextmanager
+def _time_limit(seconds):
+    """Raise TimeoutError after ``seconds`` of pure-Python work (SIGALRM; POSIX only)."""
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("needs signal.setitimer (POSIX)")
+
+    def stop(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+TINY_AND_EDGE_BOXES = [1e-30, 1e-19, 1e-17, 1e-10, 1 / 49, 1 / 3, 1 / (2**31 - 1), 1.0, 1e30]
+
+
+@pytest.mark.parametrize("C", TINY_AND_EDGE_BOXES, ids=[f"C={C:.3g}" for C in TINY_AND_EDGE_BOXES])
+def test_count_thresholds_agree_between_torch_and_mlx(C):
+    """Warm-up (``m C < 1 - FEASIBILITY_TOL``) and ``|E| C > 1 + FEASIBILITY_TOL`` are decided
+    identically by torch (float64 products) and MLX (an integer threshold), for tiny C too:
+    MLX once overflowed int32 (C = 1e-10), raised std::bad_cast (1e-19) and looped forever
+    (1e-30)."""
+    torch = pytest.importorskip("torch")
+    mx = pytest.importorskip("mlx.core")
+    from svtoolkit.exact._walk import FEASIBILITY_TOL
+    from svtoolkit.mlx import batched as mb
+    from svtoolkit.torch import batched as tb
+
+    counts = [0, 1, 2, 3, 48, 49, 50, 10**6, 2**31 - 2, 2**31 - 1]
+    m_t, m_x = torch.tensor(counts), mx.array(counts, dtype=mx.int32)
+    with _time_limit(5.0):
+        feasible = np.array(mb._feasible(m_x, C))
+        too_many = np.array(mb._too_many_errors(m_x, C))
+    np.testing.assert_array_equal(feasible, tb._feasible(m_t, C).numpy())
+    np.testing.assert_array_equal(feasible, [k > 0 and k * C >= 1.0 - FEASIBILITY_TOL
+                                             for k in counts])
+    np.testing.assert_array_equal(too_many, [k * C > 1.0 + FEASIBILITY_TOL for k in counts])
+
+
+@pytest.mark.parametrize("C", [1e-30, 1e-19, 1e-10])
+def test_tiny_box_is_warm_up_on_every_backend(backend, C):
+    """A box no count can fill: every problem is in warm-up (C on its keys, invalid), no error."""
+    K = backend.array(np.repeat(np.eye(4)[None], 2, axis=0))
+    margin = np.zeros((2, 4), dtype=bool)
+    margin[:, :2] = True
+    none = backend.array(np.zeros((2, 4), dtype=bool))
+    A = backend.numpy(backend.api.fista_svdd(K, C))
+    np.testing.assert_array_equal(A, np.full((2, 4), backend.rounded(C)))
+    P = backend.numpy(backend.api.project_capped_simplex(backend.array(np.eye(4)[:2]), C))
+    np.testing.assert_array_equal(P, np.full((2, 4), backend.rounded(C)))
+    _, _, valid = backend.api.ridged_svdd_solve(K, C, backend.array(margin), none)
+    assert not backend.numpy(valid).any()
+
+
+def test_feasibility_is_the_exact_solvers_rule(backend):
+    """n = 49, C = 1/49: ``49 * (1/49)`` rounds to just below 1 in float64. The exact path
+    certifies it (``n C >= 1 - FEASIBILITY_TOL``); the batched path agrees and solves a
+    consistent partition (one margin key, 48 error keys) instead of calling it warm-up."""
+    n, C = 49, 1.0 / 49
+    assert n * C < 1.0
+    rng = np.random.default_rng(SEED + 12)
+    K = _gram(rng.normal(size=(n, 3)))[None]
+    margin = np.zeros((1, n), dtype=bool)
+    margin[0, 0] = True
+    error = ~margin
+    _, _, valid = backend.api.ridged_svdd_solve(
+        backend.array(K), C, backend.array(margin), backend.array(error), ridge=0.0
+    )
+    assert backend.numpy(valid).all()
+    A = backend.numpy(backend.api.fista_svdd(backend.array(K), C))
+    assert abs(A.sum() - 1.0) <= 64 * _eps(backend)
+
+
+@pytest.mark.parametrize("G, n", [(0, 3), (2, 0), (0, 0)])
+def test_empty_batch_or_key_axis_gives_empty_outputs(backend, G, n):
+    """G = 0 problems or n = 0 keys: every function returns outputs of the right shapes."""
+    api = backend.api
+    K = backend.array(np.zeros((G, n, n)))
+    Y = backend.array(np.zeros((G, n)))
+    none = backend.array(np.zeros((G, n), dtype=bool))
+    assert backend.numpy(api.fista_svdd(K, 0.5)).shape == (G, n)
+    assert backend.numpy(api.project_capped_simplex(Y, 0.5)).shape == (G, n)
+    assert backend.numpy(api.lipschitz_bound(K)).shape == (G,)
+    alpha, rho, valid = api.ridged_svdd_solve(K, 0.5, none, none)
+    assert backend.numpy(alpha).shape == (G, n)
+    assert backend.numpy(rho).shape == (G,)
+    assert backend.numpy(valid).shape == (G,) and not backend.numpy(valid).any()
+    if backend.framework == "torch":
+        out = api.fista_svdd(K, 0.5, backend="torch")
+        assert tuple(out.shape) == (G, n)

@@ -477,6 +477,78 @@ def test_bad_input_raises_naming_the_problem():
         svdd_gate_from_gram(K, 0.2, margin=[0])
 
 
+EMPTY_SHAPES = {  # keys, values, queries
+    "empty batch": ((0, 6, 3), (0, 6, 2), (0, 4, 3)),
+    "empty inner batch": ((2, 0, 6, 3), (2, 0, 6, 2), (2, 0, 4, 3)),
+    "no queries": ((6, 3), (6, 2), (0, 3)),
+    "no value dims": ((2, 6, 3), (2, 6, 0), (2, 4, 3)),
+}
+
+
+@pytest.mark.parametrize("shapes", EMPTY_SHAPES.values(), ids=EMPTY_SHAPES.keys())
+def test_zero_size_shapes_give_empty_outputs_of_the_right_shape(shapes):
+    """m = 0 queries, dv = 0 value dimensions and an empty leading batch are not errors: the
+    outputs (and info, and gradients) are empty tensors of the documented shapes."""
+    gen = torch.Generator().manual_seed(7)
+    x, v, q = (torch.randn(*s, generator=gen, dtype=torch.float64).requires_grad_()
+               for s in shapes)
+    batch, (n, m, dv) = x.shape[:-2], (x.shape[-2], q.shape[-2], v.shape[-1])
+    out, info = sv_attention(x, v, q, C=0.3, sigma=1.0, return_info=True)
+    assert out.shape == (*batch, m, dv)
+    assert info.alpha.shape == (*batch, n) and info.rho.shape == batch
+    assert info.warmup.shape == batch and info.zero_denominator.shape == (*batch, m)
+    grads = torch.autograd.grad(out.sum(), (x, v, q))
+    assert [g.shape for g in grads] == [x.shape, v.shape, q.shape]
+    layer = SVAttention(0.3, 1.0)
+    assert layer(x, v, q).shape == out.shape
+    assert layer.support_mask(x).shape == (*batch, n)
+    if batch.numel():  # the gate is still computed: it does not depend on the queries
+        alpha, _ = svdd_gate(x.reshape(-1, n, x.shape[-1])[0], C=0.3, sigma=1.0)
+        assert torch.equal(info.alpha.reshape(-1, n)[0], alpha)
+
+
+def test_no_keys_or_no_features_raise_naming_the_problem():
+    v, q = torch.zeros(6, 2, dtype=torch.float64), torch.zeros(2, 0, dtype=torch.float64)
+    no_features = torch.zeros(6, 0, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"keys must have at least one feature"):
+        sv_attention(no_features, v, q, C=0.3, sigma=1.0)
+    with pytest.raises(ValueError, match=r"keys must have at least one feature"):
+        SVAttention(0.3, 1.0)(no_features, v, q)
+    with pytest.raises(ValueError, match=r"keys must have at least one feature"):
+        SVAttention(0.3, 1.0).support_mask(no_features)
+    with pytest.raises(ValueError, match=r"keys must have at least one feature"):
+        svdd_gate(no_features, C=0.3, sigma=1.0)
+    no_keys = torch.zeros(0, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"keys must hold at least one key; got shape \(0, 3\)"):
+        svdd_gate(no_keys, C=1.0, sigma=1.0)
+    with pytest.raises(ValueError, match=r"keys must hold at least one key"):
+        sv_attention(no_keys, v[:0], torch.zeros(2, 3, dtype=torch.float64), C=0.3, sigma=1.0)
+    with pytest.raises(ValueError, match=r"keys must hold at least one key"):
+        SVAttention(0.3, 1.0).support_mask(no_keys)
+
+
+def test_gram_gate_refuses_partitions_it_would_misread():
+    """Float positions were truncated and a bool mask read as the positions 0 and 1."""
+    n, d, C, sigma, seed = GRAM_PROBLEM
+    keys = make_keys(n, d, seed)
+    solver = solve(keys, C, sigma)
+    margin = positions(solver, solver.margin_system().margin_ids)
+    error = positions(solver, solver.error_ids)
+    K = rbf(*(2 * [torch.tensor(keys)]), sigma=sigma)
+    as_mask = np.zeros(n, dtype=bool)
+    as_mask[margin] = True
+    with pytest.raises(TypeError, match=r"margin must hold integer positions.*bool"):
+        svdd_gate_from_gram(K, C, margin=as_mask, error=error)
+    with pytest.raises(TypeError, match=r"error must hold integer positions.*float64"):
+        svdd_gate_from_gram(K, C, margin=margin, error=error + 0.5)
+    with pytest.raises(ValueError, match=r"margin must be a 1-D sequence of positions"):
+        svdd_gate_from_gram(K, C, margin=margin[None], error=error)
+    with pytest.raises(ValueError, match=r"error positions must be in \[0, 10\)"):
+        svdd_gate_from_gram(K, C, margin=margin, error=[n])
+    alpha, _ = svdd_gate_from_gram(K, C, margin=torch.tensor(margin), error=list(error))
+    np.testing.assert_allclose(alpha.numpy(), solver.alpha, rtol=0, atol=1e-12)
+
+
 # --------------------------------------------------------------------------------------------
 # usable, not merely correct: student-teacher training
 # --------------------------------------------------------------------------------------------

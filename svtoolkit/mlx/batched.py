@@ -29,8 +29,9 @@ import warnings
 
 import mlx.core as mx
 
-from .._fista import PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
+from .._fista import FEASIBLE_FROM, PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
 from .._validation import check_positive
+from ..exact._walk import FEASIBILITY_TOL
 
 __all__ = [
     "project_capped_simplex",
@@ -78,6 +79,8 @@ def _check_gram(K, mask):
     if n != n2:
         raise ValueError(f"K must have shape (G, n, n); got {tuple(K.shape)}")
     mask = _check_mask(mask, (G, n))
+    if K.size == 0:  # nothing to check; MLX 0.32 can hang reducing an empty array
+        return K, mask
     if not bool(mx.all(mask).item()):
         pair = mask[:, :, None] & mask[:, None, :]
         K = mx.where(pair, K, mx.zeros((), dtype=K.dtype))
@@ -86,24 +89,45 @@ def _check_gram(K, mask):
     return K, mask
 
 
+#: Largest count an MLX count array (int32) can hold; thresholds above it are never reached.
+_COUNT_MAX = 2**31 - 1
+
+
+def _smallest_count(reaches, estimate):
+    """Smallest integer k >= 1 with ``reaches(k)`` (monotone in k), or None above _COUNT_MAX.
+
+    ``estimate`` is the real-valued threshold; the float64 one is within 2 of its ceiling for
+    every k up to 2**31 (exact in float64), so a window of five candidates settles it without
+    an open-ended search.
+    """
+    if not reaches(_COUNT_MAX):
+        return None
+    start = max(1, min(math.ceil(estimate), _COUNT_MAX) - 2)
+    for k in range(start, start + 5):
+        if reaches(k):
+            return k
+    raise AssertionError(f"no count threshold found near {estimate!r}")  # unreachable
+
+
 def _feasible(m, C):
-    """``m C >= 1`` for integer counts m, decided in Python float64 arithmetic."""
-    threshold = math.ceil(1.0 / C)
-    while threshold > 1 and (threshold - 1) * C >= 1.0:  # guard the rounding of 1 / C
-        threshold -= 1
-    while threshold * C < 1.0:
-        threshold += 1
-    return (m > 0) & (m >= threshold)
+    """``m C >= 1 - FEASIBILITY_TOL`` for integer counts m, decided as torch does (float64).
+
+    The count threshold is found in Python float64 arithmetic (MLX has no float64 on the GPU);
+    a threshold no int32 count reaches (tiny C) makes every row infeasible.
+    """
+    k = _smallest_count(lambda k: k * C >= FEASIBLE_FROM, FEASIBLE_FROM / C)
+    if k is None:
+        return mx.zeros(m.shape, dtype=mx.bool_)
+    return (m > 0) & (m >= k)
 
 
-def _max_errors(C):
-    """Largest k with ``k C <= 1 + 1e-12`` (more error keys than this is inconsistent)."""
-    k = math.floor((1.0 + 1e-12) / C)
-    while k * C > 1.0 + 1e-12:
-        k -= 1
-    while (k + 1) * C <= 1.0 + 1e-12:
-        k += 1
-    return k
+def _too_many_errors(count, C):
+    """``count C > 1 + FEASIBILITY_TOL`` (error keys alone exceed the unit sum), as torch."""
+    level = 1.0 + FEASIBILITY_TOL
+    k = _smallest_count(lambda k: k * C > level, level / C)
+    if k is None:
+        return mx.zeros(count.shape, dtype=mx.bool_)
+    return count >= k
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,19 +148,29 @@ def _piece(y, lam, C):
     return s, n_free, n_capped
 
 
-def _newton_pass_impl(y, C, tol, lam, lo, hi, done, came_from_newton, prev_free, prev_capped):
+def _rounding_tol(lam, n_free):
+    """Rounding level of ``s(lam) - 1``: ``4 eps (1 + |F| |lam|)``, as in the torch twin."""
+    eps = mx.finfo(lam.dtype).eps
+    return 4.0 * eps * (1.0 + n_free.astype(lam.dtype) * mx.abs(lam))
+
+
+def _newton_pass_impl(y, C, lam, lo, hi, done, came_from_newton, prev_free, prev_capped):
     """One safeguarded Newton step of every row that has not stopped (see _projection_root)."""
     s, n_free, n_capped = _piece(y, lam, C)
     r = s - 1.0
     same_piece = (n_free == prev_free) & (n_capped == prev_capped)
-    done = done | (came_from_newton & same_piece) | (mx.abs(r) <= tol)
+    small = mx.abs(r) <= _rounding_tol(lam, n_free)
+    converged = ~done & ((came_from_newton & same_piece) | small)
+    done = done | converged
     lo = mx.where(~done & (r > 0), lam, lo)
     hi = mx.where(~done & (r < 0), lam, hi)
     newton = lam + r / mx.maximum(n_free, 1).astype(y.dtype)
     inside = (n_free > 0) & (newton > lo) & (newton < hi)
     mid = 0.5 * (lo + hi)
     done = done | (~inside & ((mid <= lo) | (mid >= hi)))
-    lam = mx.where(done, lam, mx.where(inside, newton, mid))
+    step = mx.where(inside, newton, mid)
+    finish = converged & (n_free > 0)  # closed-form step on the final piece
+    lam = mx.where(finish, newton, mx.where(done, lam, step))
     return lam, lo, hi, done, inside, n_free, n_capped
 
 
@@ -148,12 +182,12 @@ def _projection_root(y, mask, C, lam, max_iter=PROJECTION_MAX_ITER):
 
     Identical to :func:`svtoolkit.torch.batched._projection_root`: a row stops when the Newton
     point lands on the piece it came from (exact root of that linear piece), when
-    ``|s - 1|`` is at rounding level, or when its bracket cannot be split further; stopped
-    rows are frozen, so each row depends only on itself.
+    ``|s - 1| <= 4 eps (1 + |F| |lam|)``, or when its bracket cannot be split further; the
+    first two end with a closed-form step on the final piece (``lam += (s - 1) / |F|``).
+    Stopped rows are frozen, so each row depends only on itself.
     """
     m = mx.sum(mask, axis=-1)
     feasible = _feasible(m, C)
-    tol = 4.0 * mx.finfo(y.dtype).eps * (1.0 + m.astype(y.dtype) * C)
     inf = mx.array(math.inf, dtype=y.dtype)
     lo = mx.min(mx.where(mask, y, inf), axis=-1) - C
     hi = mx.max(mx.where(mask, y, -inf), axis=-1)
@@ -163,7 +197,7 @@ def _projection_root(y, mask, C, lam, max_iter=PROJECTION_MAX_ITER):
     n_free = n_capped = mx.zeros_like(m)
     for _ in range(max_iter):
         lam, lo, hi, done, came_from_newton, n_free, n_capped = _newton_pass(
-            y, C, tol, lam, lo, hi, done, came_from_newton, n_free, n_capped
+            y, C, lam, lo, hi, done, came_from_newton, n_free, n_capped
         )
         if bool(mx.all(done).item()):
             return lam, feasible
@@ -196,12 +230,14 @@ def project_capped_simplex(y, C, *, mask=None):
     -------
     mlx.core.array of shape (G, n)
         ``clip(y - lam, 0, C)`` with ``sum = 1`` over the mask; ``C`` on the mask of rows with
-        ``m C < 1`` (infeasible), 0 on rows with an empty mask. See
+        ``m C < 1 - 1e-12`` (infeasible), 0 on rows with an empty mask. See
         :func:`svtoolkit.torch.project_capped_simplex` for the search.
     """
     _check_float_array(y, "y", 2, "(G, n)")
     C = check_positive(C, "C")
     mask = _check_mask(mask, y.shape)
+    if y.size == 0:  # no rows or no entries (MLX 0.32 can hang reducing an empty array)
+        return mx.zeros(y.shape, dtype=y.dtype)
     y = mx.where(mask, mx.stop_gradient(y), mx.zeros((), dtype=y.dtype))
     if not _all_finite(y):
         raise ValueError("y contains NaN or inf on the masked entries")
@@ -234,6 +270,8 @@ def lipschitz_bound(K, mask=None, *, power_iters=POWER_ITERS):
     mlx.core.array of shape (G,)
     """
     K, mask = _check_gram(K, mask)
+    if K.size == 0:  # no problems or no keys: the bound of an empty problem is 0
+        return mx.zeros((K.shape[0],), dtype=K.dtype)
     return _lipschitz(mx.stop_gradient(K), mask, power_iters)
 
 
@@ -289,13 +327,15 @@ def fista_svdd(K, C, *, mask=None, iters=80, restart=False):
     Returns
     -------
     mlx.core.array of shape (G, n)
-        Feasible iterate (``C`` on the mask of problems in warm-up, ``m C < 1``). Not
+        Feasible iterate (``C`` on the mask of problems in warm-up, ``m C < 1 - 1e-12``). Not
         differentiable. See :func:`svtoolkit.torch.fista_svdd` for the algorithm.
     """
     K, mask = _check_gram(K, mask)
     C = check_positive(C, "C")
     if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
         raise ValueError(f"iters must be an integer >= 0; got {iters!r}")
+    if K.size == 0:  # no problems or no keys
+        return mx.zeros(K.shape[:2], dtype=K.dtype)
     return _fista(mx.stop_gradient(K), mask, C, int(iters), bool(restart))
 
 
@@ -335,6 +375,8 @@ def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
         error  E:  alpha >= (1 - tol) C
         margin S:  tol C < alpha < (1 - tol) C
         reserve R: alpha <= tol C
+
+    For ``C >= 1 / tol`` the margin set is always empty (the coefficients sum to 1).
 
     Returns
     -------
@@ -454,8 +496,9 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
     rho : mlx.core.array of shape (G,)
         Multiplier of ``sum(alpha) = 1`` (``g_i = 2 (K alpha)_i - K_ii + rho``); 0 if invalid.
     valid : mlx.core.array of shape (G,), bool
-        False for warm-up (``m C < 1``), empty margin set, ``|E| C > 1``, or a singular /
-        non-finite system. Invalid rows are solved as identity systems (no NaN anywhere).
+        False for warm-up (``m C < 1 - 1e-12``), empty margin set, ``|E| C > 1 + 1e-12``, or
+        a singular / non-finite system. Invalid rows are solved as identity systems (no NaN
+        anywhere). No problems (G = 0) or no keys (n = 0): empty or all-invalid outputs.
     """
     _check_float_array(K, "K", 3, "(G, n, n)")
     C = check_positive(C, "C")
@@ -464,9 +507,11 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
     ):
         raise ValueError(f"ridge must be a finite real number >= 0; got {ridge!r}")
     K, mask = _check_gram(K, mask)
+    if K.size == 0:
+        return _empty_solution(K, margin_mask, error_mask, mask)
     _check_partition(margin_mask, error_mask, mask)
     n_margin = mx.sum(margin_mask, axis=-1)
-    too_many_errors = mx.sum(error_mask, axis=-1) > _max_errors(C)
+    too_many_errors = _too_many_errors(mx.sum(error_mask, axis=-1), C)
     valid = _feasible(mx.sum(mask, axis=-1), C) & (n_margin > 0) & ~too_many_errors
     G, n = mask.shape
     widths = _bucket_width(n_margin, n)
@@ -484,6 +529,18 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
     alpha = mx.concatenate(alphas, axis=0)[back]
     rho = mx.concatenate(rhos, axis=0)[back]
     return alpha, rho, mx.concatenate(valids, axis=0)[back]
+
+
+def _empty_solution(K, margin_mask, error_mask, mask):
+    """No problems or no keys: check the partition's shapes, return empty/zero outputs.
+
+    Nothing is reduced (MLX 0.32 can hang reducing an empty array); every problem is invalid.
+    """
+    for name, sub in (("margin_mask", margin_mask), ("error_mask", error_mask)):
+        _check_mask(sub, mask.shape, name)
+    G, n = mask.shape
+    return (mx.zeros((G, n), dtype=K.dtype), mx.zeros((G,), dtype=K.dtype),
+            mx.zeros((G,), dtype=mx.bool_))
 
 
 def _solve_bucket(K, rows, margin_mask, error_mask, valid, width, C, ridge):

@@ -31,10 +31,12 @@ import warnings
 import numpy as np
 import torch
 
-from .._fista import PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
+from .._fista import FEASIBLE_FROM, PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
 from .._validation import check_positive
+from ..exact._walk import FEASIBILITY_TOL
 
-#: A ridged solution is accepted when |M u - c| <= RESIDUAL_TOL * w * eps * (|M| |u| + |c|).
+#: A ridged solution is accepted when max|M u - c| <= RESIDUAL_TOL * p * eps *
+#: (max|M| max|u| + max|c|), p = w + 1 the size of the bordered system (see _accurate).
 RESIDUAL_TOL = 64.0
 
 __all__ = [
@@ -115,26 +117,41 @@ def _piece(y, lam, C):
 
 
 def _bracket(y, mask, C):
-    """lo with s(lo) = m C >= 1 and hi with s(hi) = 0 (masked minimum and maximum of y)."""
+    """lo with s(lo) = m C (>= 1 on feasible rows) and hi with s(hi) = 0 (masked min/max of y)."""
     inf = torch.tensor(math.inf, dtype=y.dtype, device=y.device)
     lo = torch.where(mask, y, inf).amin(-1) - C
     hi = torch.where(mask, y, -inf).amax(-1)
     return lo, hi
 
 
-def _newton_pass(y, C, tol, lam, lo, hi, done, came_from_newton, prev_free, prev_capped):
+def _rounding_tol(lam, n_free):
+    """The rounding level of ``s(lam) - 1``: the sum's own rounding plus ``|F|`` ulps of lam.
+
+    At the root the clipped terms are >= 0 and sum to 1, so the sum rounds at ``eps``; what
+    limits ``|s - 1|`` beyond that is the resolution of lam, each free term moving by
+    ``ulp(lam) <= eps |lam|``. It does not grow with ``m C``.
+    """
+    eps = torch.finfo(lam.dtype).eps
+    return 4.0 * eps * (1.0 + n_free.to(lam.dtype) * lam.abs())
+
+
+def _newton_pass(y, C, lam, lo, hi, done, came_from_newton, prev_free, prev_capped):
     """One safeguarded Newton step of every row that has not stopped (see _projection_root)."""
     s, n_free, n_capped = _piece(y, lam, C)
     r = s - 1.0
     same_piece = (n_free == prev_free) & (n_capped == prev_capped)
-    done = done | (came_from_newton & same_piece) | (r.abs() <= tol)
+    small = r.abs() <= _rounding_tol(lam, n_free)
+    converged = ~done & ((came_from_newton & same_piece) | small)
+    done = done | converged
     lo = torch.where(~done & (r > 0), lam, lo)
     hi = torch.where(~done & (r < 0), lam, hi)
     newton = lam + r / n_free.clamp(min=1).to(y.dtype)
     inside = (n_free > 0) & (newton > lo) & (newton < hi)
     mid = 0.5 * (lo + hi)
     done = done | (~inside & ((mid <= lo) | (mid >= hi)))
-    lam = torch.where(done, lam, torch.where(inside, newton, mid))
+    step = torch.where(inside, newton, mid)
+    finish = converged & (n_free > 0)  # closed-form step on the final piece
+    lam = torch.where(finish, newton, torch.where(done, lam, step))
     return lam, lo, hi, done, inside, n_free, n_capped
 
 
@@ -149,16 +166,18 @@ def _projection_root(y, mask, C, lam, max_iter=PROJECTION_MAX_ITER):
 
     * the Newton point lands on the piece it came from (same numbers of free and capped
       entries; lam only moved one way, so no entry changed state): it is that piece's exact
-      root - the closed-form finish;
-    * ``|s - 1|`` is at rounding level; or
+      root;
+    * ``|s - 1|`` is at rounding level (:func:`_rounding_tol`, which depends on lam and the
+      number of free entries, not on ``m C``); or
     * the bracket cannot be split further in floating point.
 
+    A row that stops by one of the first two rules takes a last closed-form step on its final
+    piece, ``lam += (s - 1) / |F|`` (when ``|F| > 0``), so the result is feasible to rounding.
     Rows stop independently and a stopped row is frozen, so each row's result depends only on
-    that row. Returns ``(lam, feasible)``; infeasible rows (``m C < 1``) are not searched.
+    that row. Returns ``(lam, feasible)``; infeasible rows are not searched.
     """
     m = mask.sum(-1)
     feasible = _feasible(m, C)
-    tol = 4.0 * torch.finfo(y.dtype).eps * (1.0 + m.to(y.dtype) * C)
     lo, hi = _bracket(y, mask, C)
     lam = torch.where(feasible, torch.minimum(torch.maximum(lam, lo), hi), lo)
     done = ~feasible
@@ -166,7 +185,7 @@ def _projection_root(y, mask, C, lam, max_iter=PROJECTION_MAX_ITER):
     n_free = n_capped = torch.zeros_like(m)
     for _ in range(max_iter):
         lam, lo, hi, done, came_from_newton, n_free, n_capped = _newton_pass(
-            y, C, tol, lam, lo, hi, done, came_from_newton, n_free, n_capped
+            y, C, lam, lo, hi, done, came_from_newton, n_free, n_capped
         )
         if bool(done.all()):
             return lam, feasible
@@ -180,8 +199,12 @@ def _projection_root(y, mask, C, lam, max_iter=PROJECTION_MAX_ITER):
 
 
 def _feasible(m, C):
-    """``m C >= 1`` for integer counts m, evaluated in float64 (never in a default float32)."""
-    return (m > 0) & (m.to(torch.float64) * C >= 1.0)
+    """``m C >= 1 - FEASIBILITY_TOL`` for integer counts m, evaluated in float64.
+
+    The exact solver's rule (:data:`svtoolkit.exact._walk.FEASIBILITY_TOL`), so ``C = 1 / n``
+    with ``n (1 / n)`` rounded just below 1 is feasible on both paths.
+    """
+    return (m > 0) & (m.to(torch.float64) * C >= FEASIBLE_FROM)
 
 
 def _apply_projection(y, lam, C, feasible, mask):
@@ -207,9 +230,11 @@ def project_capped_simplex(y, C, *, mask=None):
     -------
     Tensor of shape (G, n)
         ``argmin_a ||a - y_g||`` over ``{a : sum_{i in mask} a_i = 1, 0 <= a_i <= C,
-        a_i = 0 off the mask}``. Rows with ``m C < 1`` (m = number of masked entries) have an
-        empty feasible set; they get ``C`` on every masked entry (the box point whose sum is
-        closest to 1). Rows with an empty mask are all zero.
+        a_i = 0 off the mask}``. Rows with ``m C < 1 - 1e-12`` (m = number of masked entries,
+        the exact solver's feasibility rule) have an empty feasible set; they get ``C`` on
+        every masked entry (the box point whose sum is closest to 1). Rows with an empty mask
+        are all zero. ``|sum(a) - 1|`` is at rounding level, ``~eps (1 + |F| |lam|)`` (F the
+        free entries), whatever C.
 
     Notes
     -----
@@ -229,6 +254,8 @@ def project_capped_simplex(y, C, *, mask=None):
     _check_float_tensor(y, "y", 2, "(G, n)")
     C = check_positive(C, "C")
     mask = _check_mask(mask, y.shape, y.device)
+    if y.numel() == 0:  # no rows or no entries
+        return torch.zeros_like(y)
     y = torch.where(mask, y.detach(), torch.zeros((), dtype=y.dtype, device=y.device))
     if not bool(torch.isfinite(y).all()):
         raise ValueError("y contains NaN or inf on the masked entries")
@@ -268,6 +295,8 @@ def lipschitz_bound(K, mask=None, *, power_iters=POWER_ITERS):
     negative entry fall back to the Gershgorin bound ``max_i sum_j |K_ij|``.
     """
     K, mask = _check_gram(K, mask)
+    if K.numel() == 0:  # no problems or no keys: the bound of an empty problem is 0
+        return K.new_zeros(K.shape[0])
     return _lipschitz(K.detach(), mask, power_iters)
 
 
@@ -321,9 +350,10 @@ def fista_svdd(K, C, *, mask=None, iters=80, restart=False, backend="auto"):
     -------
     Tensor of shape (G, n), dtype of K
         Feasible iterate: ``sum = 1`` and ``0 <= alpha <= C`` on every problem with
-        ``m C >= 1`` (m = number of masked keys). Problems in warm-up (``m C < 1``, infeasible)
-        get ``C`` on every key; they must be treated as ungated by the caller
-        (:func:`ridged_svdd_solve` flags them). Not differentiable: it is a partition finder.
+        ``m C >= 1 - 1e-12`` (m = number of masked keys; the exact solver's rule). Problems in
+        warm-up (``m C < 1 - 1e-12``, infeasible) get ``C`` on every key; they must be
+        treated as ungated by the caller (:func:`ridged_svdd_solve` flags them). Not
+        differentiable: it is a partition finder.
 
     Notes
     -----
@@ -347,6 +377,8 @@ def fista_svdd(K, C, *, mask=None, iters=80, restart=False, backend="auto"):
     on_cpu = K.device.type == "cpu"
     if backend == "numba" and not on_cpu:
         raise ValueError(f"backend='numba' needs CPU tensors; K is on {K.device}")
+    if K.numel() == 0:  # no problems or no keys
+        return K.new_zeros(K.shape[:2])
     if backend == "numba" or (backend == "auto" and on_cpu):
         return _fista_numba(K.detach(), mask, C, int(iters), bool(restart))
     return _fista(K.detach(), mask, C, int(iters), bool(restart))
@@ -440,6 +472,10 @@ def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
     The projection inside FISTA produces exact zeros and exact C's, so ``tol = 0`` is
     meaningful; a small positive tol moves coefficients that are still drifting towards a
     bound into that bound's set.
+
+    The margin threshold ``tol C`` is relative to C, and the coefficients sum to 1: at most
+    ``1 / (tol C)`` keys can exceed it, and for ``C >= 1 / tol`` (C >= 1000 at the default)
+    the margin set is always empty, so :func:`ridged_svdd_solve` flags every problem invalid.
     """
     _check_float_tensor(alpha, "alpha", 2, "(G, n)")
     C = check_positive(C, "C")
@@ -528,8 +564,8 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
         ``u_0``, the multiplier of ``sum(alpha) = 1`` in the convention
         ``g_i = 2 (K alpha)_i - K_ii + rho`` (f = 0 on the margin, > 0 inside); 0 when invalid.
     valid : Tensor of shape (G,), bool
-        False for problems in warm-up (``m C < 1``), with an empty margin set, with
-        ``|E| C > 1`` (an inconsistent partition: the error keys alone exceed the unit sum),
+        False for problems in warm-up (``m C < 1 - 1e-12``), with an empty margin set, with
+        ``|E| C > 1 + 1e-12`` (an inconsistent partition: the error keys alone exceed the unit sum),
         or whose system is singular or gives non-finite values. Invalid rows are computed on
         an identity system, so neither their outputs nor any gradient is NaN.
 
@@ -556,7 +592,7 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
     K, mask = _check_gram(K, mask)
     _check_partition(margin_mask, error_mask, mask)
     n_margin = margin_mask.sum(-1)
-    too_many_errors = error_mask.sum(-1).to(torch.float64) * C > 1.0 + 1e-12
+    too_many_errors = error_mask.sum(-1).to(torch.float64) * C > 1.0 + FEASIBILITY_TOL
     valid = _feasible(mask.sum(-1), C) & (n_margin > 0) & ~too_many_errors
     G, n = mask.shape
     width = _bucket_width(n_margin, n)
@@ -591,11 +627,15 @@ def _solve_where(M, c, valid):
     residual is at rounding level. Replacing rows before the solve (rather than masking after
     it) keeps NaN out of the backward pass too.
 
-    Every solution is checked (``|M u - c| <= RESIDUAL_TOL * (|M| |u| + |c|)``, an O(w^2)
-    product beside the O(w^3) solve). Rows that fail are solved again one at a time: batched
-    LU of torch 2.13 on a CPU returns wrong solutions silently (or raises) once
-    ``torch.set_num_threads`` has been called with 2 or more threads (pytorch#142815); the
-    one-matrix path is not affected.
+    Every solution is checked, per row (:func:`_accurate`; an O(w^2) product beside the
+    O(w^3) solve)::
+
+        max|M u - c| <= RESIDUAL_TOL * p * eps * (max|M| max|u| + max|c|)
+
+    with p = w + 1 the size of the bordered system and eps that of the dtype. Rows that fail
+    are solved again one at a time: batched LU of torch 2.13 on a CPU returns wrong solutions
+    silently (or raises) once ``torch.set_num_threads`` has been called with 2 or more threads
+    (pytorch#142815); the one-matrix path is not affected.
     """
     eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M)
     M = torch.where(valid[:, None, None], M, eye)
@@ -614,7 +654,7 @@ def _solve_where(M, c, valid):
 
 
 def _accurate(M, u, c):
-    """Finite u with a backward error at rounding level, per row."""
+    """Finite u with a backward error at rounding level, per row (the test in _solve_where)."""
     with torch.no_grad():
         residual = (torch.bmm(M, u[:, :, None])[:, :, 0] - c).abs().amax(-1)
         scale = M.abs().amax((-2, -1)) * u.abs().amax(-1) + c.abs().amax(-1)

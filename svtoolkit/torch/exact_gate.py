@@ -51,6 +51,7 @@ the manifold of symmetric matrices is its symmetric part.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -118,6 +119,32 @@ def _check_tensor(x, name, ndim=None, shape_text=""):
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or inf")
     return x
+
+
+def _check_keys_shape(keys):
+    """At least one key and one feature in ``keys`` of shape (..., n, d)."""
+    if keys.shape[-2] == 0:
+        raise ValueError(f"keys must hold at least one key; got shape {tuple(keys.shape)}")
+    if keys.shape[-1] == 0:
+        raise ValueError(f"keys must have at least one feature; got shape {tuple(keys.shape)}")
+
+
+def _positions(idx, name, n):
+    """A partition argument as int64 positions in ``[0, n)``.
+
+    Non-integer dtypes are refused rather than cast: float positions would be truncated and a
+    bool mask would be read as the positions 0 and 1.
+    """
+    idx = np.asarray(idx)
+    if idx.size and idx.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer positions (np.flatnonzero(mask) for a bool "
+                        f"mask); got dtype {idx.dtype}")
+    if idx.ndim > 1:
+        raise ValueError(f"{name} must be a 1-D sequence of positions; got shape {idx.shape}")
+    idx = idx.astype(np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise ValueError(f"{name} positions must be in [0, {n}); got {idx.tolist()}")
+    return idx
 
 
 def _as_numpy64(x):
@@ -386,7 +413,8 @@ def svdd_gate(keys, *, C, sigma):
     Raises
     ------
     ValueError
-        ``n C < 1`` (warm-up: infeasible, nothing certified), bad shapes, NaN or inf.
+        ``n C < 1`` (warm-up: infeasible, nothing certified), no keys or no features, bad
+        shapes, NaN or inf.
 
     Notes
     -----
@@ -411,6 +439,7 @@ def svdd_gate(keys, *, C, sigma):
     C = check_positive(C, "C")
     sigma = check_positive(sigma, "sigma")
     _check_tensor(keys, "keys", 2, "(n, d)")
+    _check_keys_shape(keys)
     n = keys.shape[0]
     if n * C < 1.0 - 1e-12:
         raise ValueError(
@@ -429,7 +458,8 @@ def svdd_gate_from_gram(K, C, *, margin=None, error=None):
         Kernel matrix (symmetric PSD at the point of interest).
     C : float
     margin, error : array_like of int, optional
-        A partition to hold fixed (positions). When omitted it is found by the QP reference
+        A partition to hold fixed: 1-D integer positions (not bool masks; an empty list is
+        fine). When omitted it is found by the QP reference
         :func:`svtoolkit.reference.solve_svdd` on ``(K + K^T) / 2`` (needs the ``verify``
         extra).
 
@@ -440,10 +470,12 @@ def svdd_gate_from_gram(K, C, *, margin=None, error=None):
 
     Raises
     ------
+    TypeError
+        ``margin`` or ``error`` is not integer (floats, a bool mask).
     ValueError
         The partition is not optimal for ``K`` (a margin coefficient outside (0, C) or an
         error/reserve sign violated beyond :data:`PARTITION_SIGN_TOL`), or it does not sum to
-        one when S is empty; bad shapes, NaN or inf.
+        one when S is empty; positions out of range or repeated; bad shapes, NaN or inf.
 
     Notes
     -----
@@ -467,12 +499,10 @@ def svdd_gate_from_gram(K, C, *, margin=None, error=None):
         if not ref.polished:
             raise RuntimeError(f"the QP reference did not polish: {ref.message}")
         margin, error = ref.margin, ref.error
-    margin = np.asarray(margin, dtype=np.int64).reshape(-1)
-    error = np.asarray(error, dtype=np.int64).reshape(-1)
+    margin = _positions(margin, "margin", n)
+    error = _positions(error, "error", n)
     member = np.zeros(n, dtype=np.int64)
     for idx in (margin, error):
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"partition positions must be in [0, {n}); got {idx.tolist()}")
         np.add.at(member, idx, 1)
     if member.max(initial=0) > 1:
         raise ValueError("margin and error must be disjoint and without repeats")
@@ -624,8 +654,13 @@ def _check_attention_inputs(keys, values, queries):
     if queries.shape[-1] != keys.shape[-1]:
         raise ValueError(f"queries must have the key dimension {keys.shape[-1]}; "
                          f"got {tuple(queries.shape)}")
-    if keys.shape[-2] == 0:
-        raise ValueError("keys must hold at least one key")
+    _check_keys_shape(keys)
+
+
+def _flatten_batch(x):
+    """``(..., r, c) -> (B, r, c)``, B the product of the leading sizes (also when B or r*c
+    is 0, where ``reshape(-1, r, c)`` is ambiguous)."""
+    return x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:])
 
 
 def _gate_or_warmup(keys, C, sigma):
@@ -656,9 +691,13 @@ def sv_attention(keys, values, queries, *, C, sigma, return_info=False):
     Parameters
     ----------
     keys : Tensor of shape (..., n, d)
+        ``n >= 1`` keys with ``d >= 1`` features.
     values : Tensor of shape (..., n, dv)
+        ``dv = 0`` is allowed (the output is then empty).
     queries : Tensor of shape (..., m, d)
         Leading dimensions must agree; each index is an independent exact problem (a loop).
+        ``m = 0`` queries and an empty leading batch are allowed: the outputs are then empty
+        tensors of the shapes below.
     C, sigma : float
     return_info : bool, default False
         Also return :class:`SVAttentionInfo`.
@@ -668,6 +707,11 @@ def sv_attention(keys, values, queries, *, C, sigma, return_info=False):
     out : Tensor of shape (..., m, dv)
         Computed in float64, returned in the promoted dtype of the inputs.
     info : SVAttentionInfo, only when ``return_info``
+
+    Raises
+    ------
+    ValueError
+        No keys (``n = 0``) or no features (``d = 0``); mismatched shapes; NaN or inf.
 
     Notes
     -----
@@ -685,11 +729,31 @@ def sv_attention(keys, values, queries, *, C, sigma, return_info=False):
     _check_attention_inputs(keys, values, queries)
     out_dtype = torch.promote_types(torch.promote_types(keys.dtype, values.dtype), queries.dtype)
     batch = keys.shape[:-2]
-    n, d = keys.shape[-2:]
-    m, dv = queries.shape[-2], values.shape[-1]
-    k2 = keys.reshape(-1, n, d)
-    v2 = values.reshape(-1, n, dv).to(torch.float64)
-    q2 = queries.reshape(-1, m, d).to(torch.float64)
+    n, m, dv = keys.shape[-2], queries.shape[-2], values.shape[-1]
+    out, alpha, rho, warm, zero = _attend(
+        _flatten_batch(keys), _flatten_batch(values).to(torch.float64),
+        _flatten_batch(queries).to(torch.float64), C, sigma,
+    )
+    out = out.reshape(*batch, m, dv).to(out_dtype)
+    if not return_info:
+        return out
+    info = SVAttentionInfo(
+        alpha=alpha.reshape(*batch, n),
+        rho=rho.reshape(batch),
+        warmup=warm.reshape(batch),
+        zero_denominator=zero.reshape(*batch, m),
+    )
+    return out, info
+
+
+def _attend(k2, v2, q2, C, sigma):
+    """One exact problem per row of (B, n, d) keys, (B, n, dv) values, (B, m, d) queries.
+
+    Returns the stacked ``out (B, m, dv)``, ``alpha (B, n)``, ``rho (B,)``, ``warmup (B,)``
+    and ``zero_denominator (B, m)``; values and queries are float64 already.
+    """
+    if k2.shape[0] == 0:
+        return _empty_attention(k2, v2, q2)
     outs, alphas, rhos, warm, zeros = [], [], [], [], []
     for b in range(k2.shape[0]):
         alpha, rho, is_warm = _gate_or_warmup(k2[b], C, sigma)
@@ -700,16 +764,24 @@ def sv_attention(keys, values, queries, *, C, sigma, return_info=False):
         rhos.append(rho.detach())
         warm.append(is_warm)
         zeros.append(zero)
-    out = torch.stack(outs).reshape(*batch, m, dv).to(out_dtype)
-    if not return_info:
-        return out
-    info = SVAttentionInfo(
-        alpha=torch.stack(alphas).reshape(*batch, n),
-        rho=torch.stack(rhos).reshape(batch),
-        warmup=torch.tensor(warm, dtype=torch.bool, device=keys.device).reshape(batch),
-        zero_denominator=torch.stack(zeros).reshape(*batch, m),
-    )
-    return out, info
+    warm = torch.tensor(warm, dtype=torch.bool, device=k2.device)
+    return torch.stack(outs), torch.stack(alphas), torch.stack(rhos), warm, torch.stack(zeros)
+
+
+def _empty_attention(k2, v2, q2):
+    """The results of an empty batch (B = 0): zero-size tensors of the right shapes.
+
+    ``out`` is tied to the inputs' graph (by a zero-weighted sum), so a backward through it
+    works as for any other batch and gives empty gradients.
+    """
+    _, n, _ = k2.shape
+    m, dv = q2.shape[1], v2.shape[2]
+    f64 = dict(dtype=torch.float64, device=k2.device)
+    anchor = 0.0 * (k2.sum().to(torch.float64) + v2.sum() + q2.sum())
+    out = torch.zeros(0, m, dv, **f64) + anchor
+    flags = dict(dtype=torch.bool, device=k2.device)
+    return (out, torch.zeros(0, n, **f64), torch.zeros(0, **f64), torch.zeros(0, **flags),
+            torch.zeros(0, m, **flags))
 
 
 class SVAttention(torch.nn.Module):
@@ -767,9 +839,11 @@ class SVAttention(torch.nn.Module):
         _check_tensor(keys, "keys")
         if keys.ndim < 2:
             raise ValueError(f"keys must have shape (..., n, d); got {tuple(keys.shape)}")
-        n, d = keys.shape[-2:]
-        masks = [_gate_or_warmup(k, self.C, self.sigma)[0] > 0 for k in keys.reshape(-1, n, d)]
-        return torch.stack(masks).reshape(*keys.shape[:-1])
+        _check_keys_shape(keys)
+        masks = [_gate_or_warmup(k, self.C, self.sigma)[0] > 0 for k in _flatten_batch(keys)]
+        if not masks:  # an empty batch
+            return torch.zeros(keys.shape[:-1], dtype=torch.bool, device=keys.device)
+        return torch.stack(masks).reshape(keys.shape[:-1])
 
     def extra_repr(self):
         return f"C={self.C:.6g}, sigma={self.sigma:.6g}"
