@@ -759,7 +759,7 @@ def test_extend_is_all_or_nothing_when_a_walk_fails():
 def test_failed_first_admission_fixes_no_dimension():
     s = IncrementalSVDD(0.5, 1.0)
     s.max_events = 0
-    with pytest.raises(SolverFailure):
+    with pytest.raises(SolverFailure, match="more than 0 events"):
         s.add([1.0, 2.0, 3.0])
     s.max_events = None
     assert len(s) == 0 and s.n_features is None and s.state_dict()["d"] == -1
