@@ -18,23 +18,12 @@ import numpy as np
 from numba import prange
 
 from ._jit import njit
-from .exact._walk import FEASIBILITY_TOL
+from ._rules import FEASIBLE_FROM, PROJECTION_MAX_ITER
 
 __all__ = ["fista_batch", "fista_prefix_batch"]
 
-# Settings of the batched path, shared by the torch and MLX twins and this kernel.
-#: Power iterations behind the Lipschitz bound (the bound is valid after any number of them).
-POWER_ITERS = 16
-#: Safeguard on the projection's root search; a warning is issued if any row hits it.
-PROJECTION_MAX_ITER = 100
-#: Default relative threshold of ``partition_masks`` (a fraction of C).
-PARTITION_TOL = 1e-3
-#: Default ridge on the margin block of the bordered system (paper eq. 6).
-RIDGE = 1e-3
-#: A problem with m keys is feasible when ``m C >= FEASIBLE_FROM`` (float64): the exact
-#: solver's rule, ``n C >= 1 - FEASIBILITY_TOL`` (the kernels read it as a compile-time
-#: constant, so a change of FEASIBILITY_TOL needs their Numba cache cleared).
-FEASIBLE_FROM = 1.0 - FEASIBILITY_TOL
+# The settings of the batched path are defined, with their reasons, in svtoolkit._rules. The
+# kernels read FEASIBLE_FROM and PROJECTION_MAX_ITER as compile-time constants.
 
 
 @njit(parallel=True, cache=True)

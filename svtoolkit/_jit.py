@@ -29,25 +29,8 @@ def njit(func=None, **overrides):
 
 
 def warmup() -> None:
-    """Compile every exact-path kernel on tiny inputs.
+    """Forwarder kept for ``from svtoolkit._jit import warmup``: see
+    :func:`svtoolkit.exact._warmup.warmup` (this module imports no kernel module itself)."""
+    from .exact._warmup import warmup as _warmup
 
-    Call this once before timing anything: the first call of each kernel in a fresh process
-    pays its compilation (or cache load). Benchmarks and the verification suite call it.
-    """
-    import numpy as np
-
-    from .exact.solver import IncrementalSVDD
-    from .kernels import rbf_kernel
-
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((12, 3))
-    rbf_kernel(X, sigma=1.0)
-    rbf_kernel(X, X[:2], sigma=1.0)
-    solver = IncrementalSVDD(C=0.25, sigma=1.0)
-    ids = solver.extend(X)
-    solver.decision_function(X[:3])
-    solver.kkt_residual()
-    solver.remove(ids[0])
-    solver.remove(int(solver.margin_ids[0]) if len(solver.margin_ids) else int(solver.ids[0]))
-    solver.evict_reserve()
-    solver.audit()
+    _warmup()

@@ -1,7 +1,11 @@
-"""Input checks shared by the public entry points.
+"""Input checks shared by the public entry points (NumPy, torch and MLX alike).
 
 Every check raises a specific exception that names the argument and the problem, before any
-state is touched (``ValueError`` for values and shapes, ``TypeError`` for non-numeric data).
+state is touched (``ValueError`` for values and shapes, ``TypeError`` for the wrong type). The
+scalar checks declare their constraint in the call, in the manner of scikit-learn's
+``check_scalar``: ``check_int(chunk, "chunk", min=1)``, ``check_real(tol, "tol", min=0.0,
+max=0.5, include_max=False)``, ``check_option(backend, "backend", ("auto", "torch"))``. The same
+bad value gives the same exception and message wherever it is passed.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["as_keys", "as_key", "check_positive", "check_sigma", "largest_violation"]
+__all__ = ["as_keys", "as_key", "check_int", "check_real", "check_option", "check_positive",
+           "check_sigma", "largest_violation"]
 
 
 def _as_float_array(x, name):
@@ -59,14 +64,81 @@ def as_key(x, name="x", d=None):
     return arr
 
 
-def check_positive(value, name):
-    """A finite real number ``> 0`` as float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+def check_int(value, name, *, min=None, max=None):
+    """An integer (Python or NumPy; bool refused) in ``[min, max]``, returned as ``int``.
+
+    Raises
+    ------
+    TypeError
+        ``"{name} must be an int; got {type}"``.
+    ValueError
+        ``"{name} must be >= {min}; got {value}"`` (or ``<= {max}``).
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    value = int(value)
+    if min is not None and value < min:
+        raise ValueError(f"{name} must be >= {min}; got {value}")
+    if max is not None and value > max:
+        raise ValueError(f"{name} must be <= {max}; got {value}")
+    return value
+
+
+def _interval_text(min, max, include_min, include_max):
+    if min is not None and max is not None:
+        return f"in {'[' if include_min else '('}{min}, {max}{']' if include_max else ')'}"
+    if min is not None:
+        return f"{'>=' if include_min else '>'} {min}"
+    if max is not None:
+        return f"{'<=' if include_max else '<'} {max}"
+    return ""
+
+
+def check_real(value, name, *, min=None, max=None, include_min=True, include_max=True):
+    """A finite real number (bool refused) in the given interval, returned as ``float``.
+
+    Parameters
+    ----------
+    value : object
+    name : str
+        The argument's name, used in the messages.
+    min, max : float, optional
+        Bounds of the interval (none: unbounded on that side).
+    include_min, include_max : bool, default True
+        Whether each bound belongs to the interval.
+
+    Raises
+    ------
+    TypeError
+        ``"{name} must be a real number; got {type}"``.
+    ValueError
+        ``"{name} must be finite and {interval}; got {value}"``, e.g. ``"C must be finite and
+        > 0; got -1.0"`` or ``"tol must be finite and in [0.0, 0.5); got 0.5"``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
     value = float(value)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"{name} must be finite and > 0; got {value}")
+    below = min is not None and (value < min or (value == min and not include_min))
+    above = max is not None and (value > max or (value == max and not include_max))
+    if not math.isfinite(value) or below or above:
+        interval = _interval_text(min, max, include_min, include_max)
+        raise ValueError(f"{name} must be finite{' and ' + interval if interval else ''}; "
+                         f"got {value}")
     return value
+
+
+def check_option(value, name, options):
+    """``value`` if it is one of ``options`` (compared with ``==``), else ``ValueError``."""
+    if not any(value == option and type(value) is type(option) for option in options):
+        listed = ", ".join(repr(o) for o in options[:-1]) + f" or {options[-1]!r}"
+        raise ValueError(f"{name} must be {listed}; got {value!r}")
+    return value
+
+
+def check_positive(value, name):
+    """A finite real number ``> 0`` as float: ``check_real(value, name, min=0,
+    include_min=False)``."""
+    return check_real(value, name, min=0, include_min=False)
 
 
 def check_sigma(sigma):

@@ -7,21 +7,22 @@ This module shares no code with the exact solver's walk. It solves
 with cvxpy + CLARABEL (an interior-point method) at tight tolerances, then *polishes*: it reads
 the partition margin / error / reserve off the interior-point solution, solves the bordered KKT
 system of that partition exactly, and repairs the partition one violator at a time until every
-KKT sign condition holds. Interior-point coefficients alone are accurate to only ~1e-6 C
-(solver_anchors.md §C); the polish makes the reference exact to rounding where the optimum is
-unique. ``solver="OSQP"`` (eps 1e-10, polishing on) gives an independent cross-check. OSQP at
-its default eps is never used: it reports "optimal" on wrong answers.
+KKT sign condition holds. Interior-point coefficients alone are accurate to only ~1e-6 C;
+the polish makes the reference exact to rounding where the optimum is unique.
+``solver="OSQP"`` (eps 1e-10, polishing on) gives an independent cross-check. OSQP at its
+default eps is never used: it reports "optimal" on wrong answers.
 
 Requires the ``verify`` extra (cvxpy, clarabel, osqp).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ._optional import require
+from ._rules import FEASIBILITY_TOL, IPM_PARTITION_TOL
 from ._validation import as_keys, check_positive, check_sigma, largest_violation
 from .kernels import rbf_kernel
 
@@ -34,19 +35,23 @@ __all__ = [
     "decision_function",
 ]
 
-#: Coefficients within this fraction of C of a bound are read as at the bound.
-PARTITION_TOL = 1e-6
+#: Coefficients within this fraction of C of a bound are read as at the bound (the old name of
+#: :data:`svtoolkit._rules.IPM_PARTITION_TOL`, which gives its reason).
+PARTITION_TOL = IPM_PARTITION_TOL
 #: Sign conditions of the polished partition must hold to this (units of f).
 POLISH_SIGN_TOL = 1e-12
 #: A polished solution is accepted when its KKT residual is below this.
 POLISH_ACCEPT_TOL = 1e-9
 #: A bordered system with a larger condition number has (near) duplicate margin members.
 DEPENDENCE_COND = 1e10
+#: A polished margin coefficient within this fraction of C of a bound joins that bound's set
+#: (the exact solver's BOUND_SNAP, docs/exact_solver.md), so both report the same partition.
+CANONICAL_BOUND_TOL = 1e-12
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReferenceSolution:
-    """Result of :func:`solve_svdd`.
+    """Result of :func:`solve_svdd` (frozen: a solution is not edited after the fact).
 
     Attributes
     ----------
@@ -101,7 +106,7 @@ def kkt_residual(K, C, alpha, rho, margin=None, error=None, reserve=None):
     Terms: ``2 |sum(a) - 1|``, ``2 x`` box violations, ``|g|`` on the margin set,
     ``max(g, 0)`` on the error set, ``max(-g, 0)`` on the reserve set, with
     ``g = 2 K a - diag(K) + rho``. When the sets are not given they are read off alpha with
-    :data:`PARTITION_TOL`.
+    :data:`IPM_PARTITION_TOL`.
     """
     K = np.asarray(K, dtype=np.float64)
     alpha = np.asarray(alpha, dtype=np.float64)
@@ -123,7 +128,7 @@ def kkt_residual(K, C, alpha, rho, margin=None, error=None, reserve=None):
 
 
 def _partition(alpha, C):
-    thr = PARTITION_TOL * C
+    thr = IPM_PARTITION_TOL * C
     error = np.flatnonzero(alpha >= C - thr)
     reserve = np.flatnonzero(alpha <= thr)
     margin = np.flatnonzero((alpha > thr) & (alpha < C - thr))
@@ -189,7 +194,7 @@ def _polish(K, C, raw, max_repairs):
                 continue
         alpha, rho = _solve_partition(K, C, np.array(margin, int), np.array(error, int), n)
         if rho is None:
-            if abs(C * len(error) - 1.0) > 1e-12:
+            if abs(C * len(error) - 1.0) > FEASIBILITY_TOL:
                 # sum(a) = 1 needs a free coefficient: free the most interior raw point
                 bound = error + reserve
                 pick = bound[int(np.argmax(np.minimum(raw[bound], C - raw[bound])))]
@@ -242,8 +247,8 @@ def _canonical(K, C, alpha, rho, sets):
     """Margin coefficients within rounding of a bound join that bound's set; with S then
     empty, rho is the midpoint of its optimal interval (the solver's convention)."""
     margin, error, reserve = sets
-    at_upper = alpha[margin] >= C * (1.0 - 1e-12)
-    at_lower = alpha[margin] <= C * 1e-12
+    at_upper = alpha[margin] >= C * (1.0 - CANONICAL_BOUND_TOL)
+    at_lower = alpha[margin] <= C * CANONICAL_BOUND_TOL
     if not (at_upper.any() or at_lower.any()):
         return alpha, rho, sets
     alpha = alpha.copy()
@@ -294,7 +299,7 @@ def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbos
     if not np.allclose(K, K.T, rtol=0.0, atol=1e-12):
         raise ValueError("K must be symmetric")
     n = K.shape[0]
-    if n * C < 1.0 - 1e-12:
+    if n * C < 1.0 - FEASIBILITY_TOL:
         raise ValueError(
             f"infeasible: n * C = {n * C:.6g} < 1 (sum(a) = 1 with a <= C needs n * C >= 1)"
         )
@@ -329,13 +334,13 @@ def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbos
     repairs = max_repairs if max_repairs is not None else 2 * n + 20
     polished = _polish(K, C, raw, repairs)
     if polished is None:
-        result.message = f"polish did not converge in {repairs} repairs; raw solution returned"
-        return result
+        return replace(result, message=f"polish did not converge in {repairs} repairs; raw "
+                       "solution returned")
     (alpha, rho, (margin, error, reserve)), iterations = polished
     residual = kkt_residual(K, C, alpha, rho, margin, error, reserve)
     if residual > POLISH_ACCEPT_TOL:
-        result.message = f"polish residual {residual:.2e} too large; raw solution returned"
-        return result
+        return replace(result, message=f"polish residual {residual:.2e} too large; raw solution "
+                       "returned")
     return ReferenceSolution(
         alpha=alpha, rho=rho, margin=margin, error=error, reserve=reserve,
         objective=objective(K, alpha), kkt_residual=residual, status=str(problem.status),

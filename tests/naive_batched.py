@@ -10,7 +10,7 @@ Nothing here is vectorised over problems; every function solves one problem the 
 * :func:`ridged_solve` - the ridged bordered system of one problem, built entry by entry.
 * data generators shared by the tests, the accuracy study and the benchmark.
 
-Sign convention (DESIGN.md §1): ``g_i = 2 (K a)_i - K_ii + rho``; S: 0 < a < C, g = 0; E: a = C,
+Sign convention (docs/design.md): ``g_i = 2 (K a)_i - K_ii + rho``; S: 0 < a < C, g = 0; E: a = C,
 g <= 0; R: a = 0, g >= 0.
 """
 

@@ -474,16 +474,18 @@ def test_input_errors_name_the_argument(backend):
         api.fista_svdd(K, C, mask=backend.array(np.ones((1, 4))))
     with pytest.raises(ValueError, match="K contains NaN or inf"):
         api.fista_svdd(backend.array(np.full((1, 4, 4), np.nan)), C)
-    with pytest.raises(ValueError, match="iters must be an integer"):
+    with pytest.raises(ValueError, match="iters must be >= 0; got -1"):
         api.fista_svdd(K, C, iters=-1)
+    with pytest.raises(TypeError, match="iters must be an int; got float"):
+        api.fista_svdd(K, C, iters=2.0)
     with pytest.raises(ValueError, match="y contains NaN or inf"):
         api.project_capped_simplex(backend.array(np.full((1, 4), np.inf)), C)
-    with pytest.raises(ValueError, match="tol must be a real number in"):
+    with pytest.raises(ValueError, match=r"tol must be finite and in \[0.0, 0.5\); got 0.7"):
         api.partition_masks(backend.array(np.ones((1, 4))), C, tol=0.7)
     both = backend.array(np.array([[True, False, False, False]]))
     with pytest.raises(ValueError, match="overlap"):
         api.ridged_svdd_solve(K, C, both, both)
-    with pytest.raises(ValueError, match="ridge must be a finite real number >= 0"):
+    with pytest.raises(ValueError, match="ridge must be finite and >= 0; got -1.0"):
         api.ridged_svdd_solve(K, C, both, backend.array(np.zeros((1, 4), dtype=bool)), ridge=-1.0)
     with pytest.raises(ValueError, match="margin_mask marks keys outside mask"):
         api.ridged_svdd_solve(
@@ -779,7 +781,7 @@ def test_count_thresholds_agree_between_torch_and_mlx(C):
     (1e-30)."""
     torch = pytest.importorskip("torch")
     mx = pytest.importorskip("mlx.core")
-    from svtoolkit.exact._walk import FEASIBILITY_TOL
+    from svtoolkit._rules import FEASIBILITY_TOL
     from svtoolkit.mlx import batched as mb
     from svtoolkit.torch import batched as tb
 

@@ -1,5 +1,6 @@
-"""The differentiable exact gate (paper 000 §3.3, App. A): gradcheck, no-solve backward,
-dense implicit-function equality, kinks, warm-up, zero denominators, student-teacher training.
+"""The differentiable exact gate (Forgetful Attention (arXiv:2607.12204), §3.3, App. A):
+gradcheck, no-solve backward, dense implicit-function equality, kinks, warm-up, zero
+denominators, student-teacher training.
 
 **Local partition stability.** gradcheck perturbs inputs by eps = 1e-6; a perturbation that
 moved a key across a set boundary would differentiate a different smooth piece. Every gradcheck
@@ -24,13 +25,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from svtoolkit import IncrementalSVDD
 from svtoolkit.torch import SVAttention, gate_from_solver, svdd_gate, svdd_gate_from_gram
-from svtoolkit.torch.exact_gate import (
-    ZERO_DENOMINATOR,
-    bordered_solve_gate,
-    rbf,
-    sv_attention,
-    svdd_decision,
-)
+from svtoolkit.torch._gate_autograd import rbf
+from svtoolkit.torch.exact_gate import svdd_decision
+from svtoolkit.torch.layers.set_readout import ZERO_DENOMINATOR, sv_attention
+from svtoolkit.torch.ops.naive_gate import bordered_solve_gate
 
 STABLE_FRACTION = 1e-3  # margin coefficients at least this fraction of C from either bound
 STABLE_G = 1e-3  # |g| at least this on error and reserve keys
@@ -249,7 +247,10 @@ def test_backward_performs_no_solve_or_factorization(monkeypatch):
     alpha, rho = svdd_gate(x, C=C, sigma=sigma)
     out = SVAttention(C, sigma)(x, v, q)
     K = rbf(x.detach(), x.detach(), sigma=sigma).requires_grad_()
-    alpha_k, rho_k = svdd_gate_from_gram(K, C)
+    solver = solve(x.detach().numpy(), C, sigma)
+    alpha_k, rho_k = svdd_gate_from_gram(
+        K, C, margin=positions(solver, solver.margin_system().margin_ids),
+        error=positions(solver, solver.error_ids))
     losses = [(alpha * torch.arange(n)).sum() + rho, (out**2).sum(), alpha_k.sum() * rho_k]
     with no_python_solvers(monkeypatch), FactorizationDetector() as detector:
         grads = [torch.autograd.grad(loss, inp) for loss, inp in
@@ -303,13 +304,47 @@ def test_gradients_equal_dense_implicit_function(n, d, C, sigma, seed):
     assert rel(g_gram, g_gram_ref) < DENSE_TOL  # the same unsymmetrised matrix
 
 
-def test_gram_gate_partition_from_the_qp_reference_matches_the_solver():
+def test_gram_gate_on_the_qp_reference_partition_matches_the_solver():
+    """The reference's partition (found offline, by the test) gives the exact gate of keys."""
+    pytest.importorskip("cvxpy")
+    from svtoolkit.reference import solve_svdd
+
     n, d, C, sigma, seed = GATE_PROBLEM
     keys = make_keys(n, d, seed)
     x = torch.tensor(keys)
     alpha, rho = svdd_gate(x, C=C, sigma=sigma)
-    alpha_k, rho_k = svdd_gate_from_gram(rbf(x, x, sigma=sigma), C)
+    K = rbf(x, x, sigma=sigma)
+    ref = solve_svdd(K.numpy(), C)
+    assert ref.polished
+    alpha_k, rho_k = svdd_gate_from_gram(K, C, margin=ref.margin, error=ref.error)
     assert rel(alpha_k, alpha) < 1e-12 and abs(float(rho_k - rho)) < 1e-12
+
+
+def test_gram_gate_requires_the_partition_and_never_imports_the_reference():
+    import subprocess
+    import sys
+
+    K = rbf(torch.eye(3, dtype=torch.float64), torch.eye(3, dtype=torch.float64), sigma=1.0)
+    with pytest.raises(ValueError, match=r"give both margin and error"):
+        svdd_gate_from_gram(K, 0.5)
+    script = ("import sys, svtoolkit, svtoolkit.torch, svtoolkit.mlx\n"
+              "print('cvxpy' in sys.modules, 'svtoolkit.reference' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=300)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_moved_names_keep_their_old_import_path():
+    import svtoolkit.torch as st
+    from svtoolkit.torch import exact_gate as old
+    from svtoolkit.torch.layers import set_readout
+
+    assert old.sv_attention is set_readout.sv_attention is st.sv_attention
+    assert old.SVAttention is SVAttention and old.SVAttentionInfo is set_readout.SVAttentionInfo
+    assert old.ZERO_DENOMINATOR == ZERO_DENOMINATOR and old.rbf is rbf
+    assert old.bordered_solve_gate is bordered_solve_gate
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        old.nothing  # noqa: B018
 
 
 def test_gate_from_solver_after_deletions_matches_a_fresh_gate():
@@ -556,7 +591,8 @@ def test_gram_gate_refuses_partitions_it_would_misread():
 
 def test_student_learns_teacher_mapping_loss_down_99_percent_in_200_steps():
     """A student with learnable key/value/query projections, trained by Adam through the exact
-    gate's custom backward, matches a teacher SV-Attention mapping (paper 000 §7: 99%)."""
+    gate's custom backward, matches a teacher SV-Attention mapping (Forgetful Attention
+    (arXiv:2607.12204), §7: 99%)."""
     gen = torch.Generator().manual_seed(0)
     n, m, d_in, d = 14, 8, 5, 3
     tokens = torch.randn(n, d_in, generator=gen, dtype=torch.float64)

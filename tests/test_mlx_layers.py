@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
 nn = pytest.importorskip("mlx.nn")
 
-from svtoolkit.mlx import CausalSVAttention, HybridSVAttention, from_torch  # noqa: E402
+from svtoolkit.mlx import CausalSVAttention, HybridSVAttention, SVStreamState  # noqa: E402
+from svtoolkit.mlx import from_torch  # noqa: E402
 from svtoolkit.torch import CausalSVAttention as TorchCausal  # noqa: E402
 from svtoolkit.torch import HybridSVAttention as TorchHybrid  # noqa: E402
 
@@ -193,11 +194,11 @@ def test_from_torch_converts_half_precision_weights_to_float32(dtype):
 
 
 def test_errors_name_the_problem():
-    with pytest.raises(ValueError, match="C must be a finite number > 0"):
+    with pytest.raises(ValueError, match="C must be finite and > 0"):
         CausalSVAttention(32, 4, C=0.0)
     with pytest.raises(ValueError, match="sigma must be finite and > 0"):
         CausalSVAttention(32, 4, sigma=-1.0)
-    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+    with pytest.raises(ValueError, match="chunk must be >= 1; got 0"):
         CausalSVAttention(32, 4, chunk=0)
     with pytest.raises(ValueError, match="must be divisible by n_heads"):
         CausalSVAttention(30, 4)
@@ -210,3 +211,83 @@ def test_errors_name_the_problem():
         from_torch(torch.nn.Linear(3, 3))
     with pytest.raises(TypeError, match="needs a hybrid torch SV layer"):
         HybridSVAttention.from_torch(TorchCausal(32, 4))
+
+
+# ------------------------------------------------------------------------------ exact streaming
+#: max |torch - MLX| of streamed outputs (float64 layers; MLX's float64 exp is float32-accurate)
+STREAM_TOL = 1e-6
+
+
+def _stream(layer, x, forgets=(), budget=None):
+    """Step through x, calling ``state.forget(b, p)`` for each (t, b, p) before step t."""
+    state = layer.init_state(x.shape[0], budget=budget)
+    outs, outcomes = [], []
+    for t in range(x.shape[1]):
+        outcomes += [state.forget(b, p) for when, b, p in forgets if when == t]
+        out, state = layer.step(x[:, t], state)
+        outs.append(_np(out))
+    return np.stack(outs, 1), outcomes, state
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_streaming_reproduces_forward_exact_and_torch(pair):
+    layer, twin = _pair(pair[0], torch.float64)
+    x, xm = _x(T=27, dtype=torch.float64)
+    y, state = twin.forward_with_state(xm[:, :13])
+    y2, state = twin.forward_with_state(xm[:, 13:], state)
+    assert isinstance(state, SVStreamState) and state.position == 27
+    streamed = np.concatenate([_np(y), _np(y2)], 1)
+    stepped, _, _ = _stream(twin, xm)
+    np.testing.assert_allclose(stepped, streamed, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(streamed, _np(twin.forward_exact(xm)), rtol=0, atol=STREAM_TOL)
+    torch_y, _ = layer.forward_with_state(x)
+    np.testing.assert_allclose(streamed, _np(torch_y), rtol=0, atol=STREAM_TOL)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_forget_agrees_with_torch_and_with_a_run_without_the_token(pair):
+    """The schedule of the torch test: decrements of admitted tokens, masks of current-chunk
+    tokens; MLX and torch return the same outcomes and the same later outputs."""
+    layer, twin = _pair(pair[0], torch.float64)
+    x, xm = _x(T=30, dtype=torch.float64)
+    forgets = [(21, 0, 5), (21, 0, 17), (21, 1, 20), (26, 1, 11)]
+    outs, outcomes, _ = _stream(twin, xm, forgets)
+    outs_t, outcomes_t, _ = _stream(layer, x, forgets)
+    assert outcomes == outcomes_t == ["decremented", "masked", "masked", "decremented"]
+    np.testing.assert_allclose(outs, outs_t, rtol=0, atol=STREAM_TOL)
+    ex = np.zeros((2, 30), dtype=bool)
+    ex[0, 5] = ex[0, 17] = ex[1, 20] = True
+    ref = _np(twin.forward_exact(xm, exclude=mx.array(ex)))
+    np.testing.assert_allclose(outs[0, 21:], ref[0, 21:], rtol=0, atol=STREAM_TOL)
+    np.testing.assert_allclose(outs[1, 21:26], ref[1, 21:26], rtol=0, atol=STREAM_TOL)
+    ex[1, 11] = True
+    ref = _np(twin.forward_exact(xm, exclude=mx.array(ex)))
+    np.testing.assert_allclose(outs[1, 26:], ref[1, 26:], rtol=0, atol=STREAM_TOL)
+    assert np.abs(outs[0, 8:21] - ref[0, 8:21]).max() > 1e-6  # history is not rewritten
+
+
+@pytest.mark.parametrize("kind", [np.int64, mx.array])
+def test_forget_takes_numpy_and_mlx_integers(kind):
+    _, twin = _pair(TorchHybrid, torch.float64)
+    _, xm = _x(T=10, dtype=torch.float64)
+    _, state = twin.forward_with_state(xm)
+    assert state.forget(kind(0), kind(2)) == "decremented"
+    assert state.forget(kind(1), kind(9)) == "masked"
+    with pytest.raises(KeyError, match="already forgotten"):
+        state.forget(0, kind(2))
+    with pytest.raises(TypeError, match="position must be an integer"):
+        state.forget(0, mx.array(3.0))
+
+
+def test_budgeted_stream_evicts_like_torch():
+    """Certified eviction under a budget: the same admitted and stored counts and evictions as
+    the torch state, and outputs that still agree."""
+    layer, twin = _pair(TorchCausal, torch.float64, C=0.25)
+    x, xm = _x(T=48, dtype=torch.float64)
+    outs, _, state = _stream(twin, xm, budget=8)
+    outs_t, _, state_t = _stream(layer, x, budget=8)
+    summary, summary_t = state.state_summary(), state_t.state_summary()
+    assert summary["evicted"] == summary_t["evicted"] > 0
+    np.testing.assert_array_equal(summary["admitted"], summary_t["admitted"])
+    np.testing.assert_array_equal(summary["stored"], summary_t["stored"])
+    np.testing.assert_allclose(outs, outs_t, rtol=0, atol=STREAM_TOL)

@@ -1,6 +1,9 @@
 """MLX side of svtoolkit (optional: ``pip install 'svtoolkit[mlx]'``).
 
-MLX has no float64 on GPU; the batched path runs in float32 there and in float32/float64 on CPU.
+The layout mirrors :mod:`svtoolkit.torch`: ``batched`` (FISTA partition finder, ridged bordered
+solve), ``ops`` (the chunked SV gate and its readouts), ``layers`` (the SV-Attention modules
+with exact streaming and ``forget``). MLX has no float64 on GPU; the batched path runs in
+float32 there and in float32/float64 on CPU.
 """
 
 from .._optional import require
@@ -17,7 +20,8 @@ from .batched import (  # noqa: E402
 )
 
 # --- SV-Attention sequence layers ----------------------------------------------------------
-from .layers import CausalSVAttention, HybridSVAttention, from_torch  # noqa: E402
+from .layers import CausalSVAttention, HybridSVAttention, SVStreamState, from_torch  # noqa: E402
+from .ops import MLXSVGate, exact_sv_gate, sv_gate, sv_hybrid_readout, sv_rbf_readout  # noqa: E402
 
 __all__ = [
     # batched training path
@@ -29,5 +33,12 @@ __all__ = [
     # SV-Attention sequence layers
     "CausalSVAttention",
     "HybridSVAttention",
+    "SVStreamState",
     "from_torch",
+    # SV gate and readouts
+    "MLXSVGate",
+    "exact_sv_gate",
+    "sv_gate",
+    "sv_hybrid_readout",
+    "sv_rbf_readout",
 ]

@@ -1,6 +1,8 @@
 """Batched training path in MLX: the twin of :mod:`svtoolkit.torch.batched`.
 
-Same problems, same semantics, same thresholds (paper §3.4, App. B, Algorithm 1, eq. 6):
+Same problems, same semantics, same thresholds (Forgetful Attention (arXiv:2607.12204), §3.4,
+App. B, Algorithm 1, eq. 6); the option checks and the count rules are shared with torch
+(:mod:`svtoolkit._gate_core`):
 
     minimise  a^T K a - diag(K)^T a   subject to  sum(a) = 1,  0 <= a_i <= C,          (eq. 2)
 
@@ -24,14 +26,25 @@ Shapes: ``K`` is ``(G, n, n)``, ``mask`` is ``(G, n)`` bool (default all True).
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 
 import mlx.core as mx
 
-from .._fista import FEASIBLE_FROM, PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
-from .._validation import check_positive
-from ..exact._walk import FEASIBILITY_TOL
+from .._gate_core import (
+    bucket_width,
+    check_box,
+    check_iters,
+    check_partition_tol,
+    check_ridge,
+    count_threshold,
+)
+from .._rules import (
+    BATCHED_PARTITION_TOL,
+    FEASIBILITY_TOL,
+    POWER_ITERS,
+    PROJECTION_MAX_ITER,
+    RIDGE,
+)
 
 __all__ = [
     "project_capped_simplex",
@@ -89,33 +102,14 @@ def _check_gram(K, mask):
     return K, mask
 
 
-#: Largest count an MLX count array (int32) can hold; thresholds above it are never reached.
-_COUNT_MAX = 2**31 - 1
-
-
-def _smallest_count(reaches, estimate):
-    """Smallest integer k >= 1 with ``reaches(k)`` (monotone in k), or None above _COUNT_MAX.
-
-    ``estimate`` is the real-valued threshold; the float64 one is within 2 of its ceiling for
-    every k up to 2**31 (exact in float64), so a window of five candidates settles it without
-    an open-ended search.
-    """
-    if not reaches(_COUNT_MAX):
-        return None
-    start = max(1, min(math.ceil(estimate), _COUNT_MAX) - 2)
-    for k in range(start, start + 5):
-        if reaches(k):
-            return k
-    raise AssertionError(f"no count threshold found near {estimate!r}")  # unreachable
-
-
 def _feasible(m, C):
     """``m C >= 1 - FEASIBILITY_TOL`` for integer counts m, decided as torch does (float64).
 
-    The count threshold is found in Python float64 arithmetic (MLX has no float64 on the GPU);
-    a threshold no int32 count reaches (tiny C) makes every row infeasible.
+    The count threshold is found in Python float64 arithmetic (MLX has no float64 on the GPU,
+    :func:`svtoolkit._gate_core.count_threshold`); a threshold no int32 count reaches (tiny C)
+    makes every row infeasible.
     """
-    k = _smallest_count(lambda k: k * C >= FEASIBLE_FROM, FEASIBLE_FROM / C)
+    k = count_threshold(C)
     if k is None:
         return mx.zeros(m.shape, dtype=mx.bool_)
     return (m > 0) & (m >= k)
@@ -123,8 +117,7 @@ def _feasible(m, C):
 
 def _too_many_errors(count, C):
     """``count C > 1 + FEASIBILITY_TOL`` (error keys alone exceed the unit sum), as torch."""
-    level = 1.0 + FEASIBILITY_TOL
-    k = _smallest_count(lambda k: k * C > level, level / C)
+    k = count_threshold(C, level=1.0 + FEASIBILITY_TOL, strict=True)
     if k is None:
         return mx.zeros(count.shape, dtype=mx.bool_)
     return count >= k
@@ -234,7 +227,7 @@ def project_capped_simplex(y, C, *, mask=None):
         :func:`svtoolkit.torch.project_capped_simplex` for the search.
     """
     _check_float_array(y, "y", 2, "(G, n)")
-    C = check_positive(C, "C")
+    C = check_box(C)
     mask = _check_mask(mask, y.shape)
     if y.size == 0:  # no rows or no entries (MLX 0.32 can hang reducing an empty array)
         return mx.zeros(y.shape, dtype=y.dtype)
@@ -331,9 +324,8 @@ def fista_svdd(K, C, *, mask=None, iters=80, restart=False):
         differentiable. See :func:`svtoolkit.torch.fista_svdd` for the algorithm.
     """
     K, mask = _check_gram(K, mask)
-    C = check_positive(C, "C")
-    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
-        raise ValueError(f"iters must be an integer >= 0; got {iters!r}")
+    C = check_box(C)
+    iters = check_iters(iters)
     if K.size == 0:  # no problems or no keys
         return mx.zeros(K.shape[:2], dtype=K.dtype)
     return _fista(mx.stop_gradient(K), mask, C, int(iters), bool(restart))
@@ -369,7 +361,7 @@ def _fista(K, mask, C, iters, restart):
 # --------------------------------------------------------------------------------------------
 
 
-def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
+def partition_masks(alpha, C, *, tol=BATCHED_PARTITION_TOL, mask=None):
     """Margin and error masks (thresholds relative to C, as in the torch twin)::
 
         error  E:  alpha >= (1 - tol) C
@@ -383,9 +375,8 @@ def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
     margin_mask, error_mask : mlx.core.array of shape (G, n), bool
     """
     _check_float_array(alpha, "alpha", 2, "(G, n)")
-    C = check_positive(C, "C")
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= tol < 0.5:
-        raise ValueError(f"tol must be a real number in [0, 0.5); got {tol!r}")
+    C = check_box(C)
+    tol = check_partition_tol(tol)
     mask = _check_mask(mask, alpha.shape)
     alpha = mx.stop_gradient(alpha)
     error = mask & (alpha >= (1.0 - tol) * C)
@@ -404,7 +395,7 @@ def _check_partition(margin_mask, error_mask, mask):
 
 def _bucket_width(n_margin, n):
     """Next power of two >= |S| (>= 1), at most n: each problem's own padded margin size."""
-    return [min(1 << max(int(k) - 1, 0).bit_length(), n) for k in n_margin.tolist()]
+    return [bucket_width(k, n) for k in n_margin.tolist()]
 
 
 def _pack_margin(margin_mask, width):
@@ -501,11 +492,8 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
         anywhere). No problems (G = 0) or no keys (n = 0): empty or all-invalid outputs.
     """
     _check_float_array(K, "K", 3, "(G, n, n)")
-    C = check_positive(C, "C")
-    if isinstance(ridge, bool) or not isinstance(ridge, numbers.Real) or not (
-        math.isfinite(ridge) and ridge >= 0.0
-    ):
-        raise ValueError(f"ridge must be a finite real number >= 0; got {ridge!r}")
+    C = check_box(C)
+    ridge = check_ridge(ridge)
     K, mask = _check_gram(K, mask)
     if K.size == 0:
         return _empty_solution(K, margin_mask, error_mask, mask)

@@ -1,11 +1,12 @@
 """SV-Attention sequence layers in MLX: the twin of :mod:`svtoolkit.torch.layers.sv`.
 
 ``CausalSVAttention`` and ``HybridSVAttention`` are ``mlx.nn.Module``s with the parameters,
-defaults and semantics of the torch layers (paper 000 §3.5, Fig. 2, App. C): per-head
-RMS-normalised queries and keys, ``sigma = sqrt(2 D)`` by default, the gate of chunk ``c`` fit
-on the causal prefix ``[0, c * chunk)``, multipliers ``a_i / C`` (1 when the gate is off: warm-up
-below ``ceil(1/C) + 2`` keys or an invalid batched solve), the first chunk of the pure gate
-outputting 0, and ``exclude`` removing tokens from gates and readouts.
+defaults, checks and semantics of the torch layers (Forgetful Attention (arXiv:2607.12204),
+§3.5, Fig. 2, App. C): per-head RMS-normalised queries and keys, ``sigma = sqrt(2 D)`` by
+default, the gate of chunk ``c`` fit on the causal prefix ``[0, c * chunk)``, multipliers
+``a_i / C`` (1 when the gate is off: warm-up below ``ceil(1/C) + 2`` keys or an invalid batched
+solve), the first chunk of the pure gate outputting 0, and ``exclude`` removing tokens from
+gates and readouts. The ops are in :mod:`svtoolkit.mlx.ops`.
 
 * ``layer(x, exclude=None)`` - **training path**: all (sequence, head, chunk) problems in one
   batched call of :func:`svtoolkit.mlx.fista_svdd` (partition finder), then
@@ -13,9 +14,14 @@ outputting 0, and ``exclude`` removing tokens from gates and readouts.
   VJP; the partition is held fixed). Approximate, **no certificate**.
 * ``layer.forward_exact(x, exclude=None)`` - the same readout on coefficients from the exact
   fp64 solver (:class:`svtoolkit.IncrementalSVDD`, NumPy; no gradient through the gate).
+* ``layer.forward_with_state(x, state)`` / ``layer.step(x_t, state)`` - **exact streaming
+  inference** (:class:`SVStreamState`): keys are admitted at chunk boundaries, certified
+  reserve keys are evicted under an optional budget, and ``state.forget(b, position)`` deletes a
+  token, with the deletion semantics of the torch layers (every later output equals
+  ``forward_exact`` with the token excluded). The bookkeeping is the framework-neutral
+  :class:`svtoolkit._gate_core.ExactStream` the torch state uses.
 
-Weights come from a torch layer with :func:`from_torch` (or ``Class.from_torch``). The exact
-streaming API (``step``, ``forget``, certified eviction) is torch-only.
+Weights come from a torch layer with :func:`from_torch` (or ``Class.from_torch``).
 
 MLX notes: ``mx.linalg.solve`` runs on the CPU stream, so the ridged solve runs there on every
 device; float64 exists on the CPU only, and MLX 0.32's float64 ``exp`` is float32-accurate
@@ -24,225 +30,44 @@ device; float64 exists on the CPU only, and MLX 0.32's float64 ``exp`` is float3
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..exact import IncrementalSVDD
-from .batched import fista_svdd, partition_masks, ridged_svdd_solve
+from .._gate_core import ExactStream, GateOptions, dtype_name, unsupported_dtype
+from .._validation import check_int
+from .ops import (
+    MLXSVGate,
+    as_numpy64,
+    exact_sv_gate,
+    sv_gate,
+    sv_hybrid_readout,
+    sv_rbf_readout,
+)
 
 __all__ = [
     "CausalSVAttention",
     "HybridSVAttention",
-    "MLXSVGate",
+    "SVStreamState",
     "from_torch",
+    # the ops, re-exported from svtoolkit.mlx.ops (their old home)
+    "MLXSVGate",
     "sv_gate",
     "exact_sv_gate",
     "sv_rbf_readout",
     "sv_hybrid_readout",
 ]
 
-
-# ------------------------------------------------------------------------------ gate helpers
-def _warmup_size(C):
-    """Smallest gated prefix: ``ceil(1 / C) + 2`` keys (as the torch op)."""
-    return math.ceil(1.0 / C - 1e-12) + 2
-
-
-def _chunk_ends(T, chunk):
-    return list(range(chunk, T, chunk))
-
-
-def _rbf_gram(a, b, sigma):
-    """``exp(-||a_i - b_j||^2 / sigma^2)``, (..., T, D) x (..., S, D) -> (..., T, S)."""
-    sq = mx.sum(a * a, axis=-1)[..., :, None] + mx.sum(b * b, axis=-1)[..., None, :]
-    sq = sq - 2.0 * (a @ mx.swapaxes(b, -1, -2))
-    return mx.exp(-mx.maximum(sq, 0.0) / (sigma * sigma))
-
-
-def _keep(exclude, B, T):
-    if exclude is None:
-        return mx.ones((B, T), dtype=mx.bool_)
-    if not isinstance(exclude, mx.array) or exclude.dtype != mx.bool_ or tuple(
-        exclude.shape
-    ) != (B, T):
-        desc = (f"{exclude.dtype} {tuple(exclude.shape)}" if isinstance(exclude, mx.array)
-                else type(exclude).__name__)
-        raise ValueError(f"exclude must be a bool array of shape (B, T) = {(B, T)}; got {desc}")
-    return ~exclude
-
-
-def _prefix_masks(keep, ends):
-    """(G, P) keep -> (G, J, P): key i belongs to boundary j's problem iff kept and < ends[j]."""
-    P = keep.shape[-1]
-    inside = mx.arange(P)[None, :] < mx.array(ends)[:, None]
-    return keep[:, None, :] & inside[None]
-
-
-class MLXSVGate:
-    """Gate coefficients at every chunk boundary (the MLX twin of ``SVGate``).
-
-    Attributes
-    ----------
-    alpha : mlx.core.array of shape (B, H, J, P)
-        Coefficients of boundary j over the keys ``[0, ends[j])`` (0 beyond), P = ends[-1].
-    gated : mlx.core.array of shape (B, H, J), bool
-        False where the gate is off (warm-up, invalid problem).
-    ends : list of int
-    C : float
-    exact : bool
-    """
-
-    def __init__(self, alpha, gated, ends, C, exact):
-        self.alpha, self.gated, self.ends, self.C, self.exact = alpha, gated, ends, C, exact
-
-    def multipliers(self):
-        """(B, H, J, P): ``max(a / C, 0)`` where gated, 1 where not, 0 beyond each prefix."""
-        B, H, J, P = self.alpha.shape
-        inside = (mx.arange(P)[None, :] < mx.array(self.ends)[:, None]).astype(self.alpha.dtype)
-        ones = mx.broadcast_to(inside, (B, H, J, P))
-        return mx.where(self.gated[..., None], mx.maximum(self.alpha / self.C, 0.0), ones)
-
-
-def sv_gate(k, *, C, sigma, chunk, iters=80, ridge=1e-3, tol=1e-3, exclude=None):
-    """Batched, differentiable (approximate) gate coefficients at every chunk boundary.
-
-    Parameters
-    ----------
-    k : mlx.core.array of shape (B, T, H, D)
-    C, sigma : float
-    chunk : int
-    iters, ridge, tol : see :func:`svtoolkit.mlx.fista_svdd`, :func:`ridged_svdd_solve`,
-        :func:`partition_masks`.
-    exclude : mlx.core.array of shape (B, T), bool, optional
-
-    Returns
-    -------
-    MLXSVGate
-        ``alpha`` differentiable in k through the ridged solve (partition held fixed).
-
-    Notes
-    -----
-    The B * H * J prefix problems share one Gram matrix per (sequence, head); they are
-    packed into one FISTA call of B * H * J problems padded to P keys, masked by prefix (each
-    problem's result depends only on its own prefix, so the layer is exactly causal).
-    """
-    B, T, H, D = k.shape
-    ends = _chunk_ends(T, chunk)
-    J = len(ends)
-    if J == 0:
-        return MLXSVGate(mx.zeros((B, H, 0, 0), dtype=k.dtype),
-                         mx.zeros((B, H, 0), dtype=mx.bool_), ends, C, False)
-    P = ends[-1]
-    keys = mx.swapaxes(k[:, :P], 1, 2)  # (B, H, P, D)
-    gram = _rbf_gram(keys, keys, sigma).reshape(B * H, P, P)
-    keep = _keep(exclude, B, T)[:, :P]
-    keep_g = mx.broadcast_to(keep[:, None, :], (B, H, P)).reshape(B * H, P)
-    masks = _prefix_masks(keep_g, ends)  # (G, J, P)
-    G = B * H
-    stacked = mx.broadcast_to(mx.stop_gradient(gram)[:, None], (G, J, P, P)).reshape(G * J, P, P)
-    alpha0 = fista_svdd(stacked, C, mask=masks.reshape(G * J, P), iters=iters).reshape(G, J, P)
-    alphas, gated = [], []
-    for j in range(J):
-        margin, error = partition_masks(alpha0[:, j], C, tol=tol, mask=masks[:, j])
-        a, _, valid = ridged_svdd_solve(gram, C, margin, error, ridge=ridge, mask=masks[:, j])
-        count = mx.sum(masks[:, j], axis=-1)
-        alphas.append(a)
-        gated.append(valid & (count >= _warmup_size(C)))
-    alpha = mx.stack(alphas, axis=1).reshape(B, H, J, P)
-    return MLXSVGate(alpha, mx.stack(gated, axis=1).reshape(B, H, J), ends, C, False)
-
-
-def exact_sv_gate(k, *, C, sigma, chunk, exclude=None):
-    """Gate coefficients from the exact fp64 solver, one IncrementalSVDD per (sequence, head),
-    each chunk admitted at its end (no gradient). ``alpha`` is returned in k's dtype."""
-    B, T, H, D = k.shape
-    ends = _chunk_ends(T, chunk)
-    J = len(ends)
-    P = ends[-1] if J else 0
-    keep = np.array(_keep(exclude, B, T))
-    keys = np.array(mx.stop_gradient(k).astype(mx.float32 if k.dtype != mx.float64
-                                                 else mx.float64), dtype=np.float64)
-    alpha = np.zeros((B, H, J, P))
-    gated = np.zeros((B, H, J), dtype=bool)
-    for b in range(B):
-        for h in range(H):
-            solver = IncrementalSVDD(C, sigma)
-            position = {}
-            start = 0
-            for j, end in enumerate(ends):
-                for t in range(start, end):
-                    if keep[b, t]:
-                        position[solver.add(keys[b, t, h])] = t
-                start = end
-                if solver.certified and len(solver) >= _warmup_size(C):
-                    gated[b, h, j] = True
-                    alpha[b, h, j, [position[i] for i in solver.ids]] = solver.alpha
-    return MLXSVGate(mx.array(alpha, dtype=k.dtype), mx.array(gated), ends, C, True)
-
-
-def _rows_of(table, T, chunk):
-    """(B, H, J, P) per-boundary rows -> (B, H, T, T) per query (chunk 0: zeros)."""
-    B, H, J, P = table.shape
-    if J == 0:
-        return mx.zeros((B, H, T, T), dtype=table.dtype)
-    body = mx.pad(table, [(0, 0), (0, 0), (0, 0), (0, T - P)])
-    padded = mx.concatenate([mx.zeros((B, H, 1, T), dtype=table.dtype), body], axis=2)
-    return mx.take(padded, mx.arange(T) // chunk, axis=2)
-
-
-def _safe_ratio(num, den):
-    """num / den with 0 where den is 0 (never NaN, also in the backward pass)."""
-    ok = den > 0
-    safe = mx.where(ok, den, mx.ones_like(den))
-    return mx.where(ok[..., None], num / safe[..., None], mx.zeros_like(num))
-
-
-def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
-    """Chunk-frozen RBF readout (q, k (B, T, H, D), v (B, T, H, Dv) -> (B, T, H, Dv)):
-    ``o_t = sum m_i k(q_t, k_i) v_i / sum m_i k(q_t, k_i)`` over the prefix of t's chunk."""
-    B, T, H, D = q.shape
-    qh, kh, vh = (mx.swapaxes(x, 1, 2) for x in (q, k, v))
-    weights = _rbf_gram(qh, kh, sigma) * _rows_of(gate.multipliers().astype(q.dtype), T, chunk)
-    weights = weights * _keep(exclude, B, T)[:, None, None, :].astype(q.dtype)
-    out = _safe_ratio(weights @ vh, mx.sum(weights, axis=-1))
-    return mx.swapaxes(out, 1, 2)
-
-
-def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None):
-    """Hybrid readout: causal q.k softmax over [0, t]; prefix keys (before t's chunk) times
-    their multipliers, keys of t's own chunk (up to t) read directly."""
-    B, T, H, D = q.shape
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    qh, kh, vh = (mx.swapaxes(x, 1, 2) for x in (q, k, v))
-    logits = (qh @ mx.swapaxes(kh, -1, -2)) * scale
-    t = mx.arange(T)
-    causal = t[None, :] <= t[:, None]
-    local = causal & (t[None, :] >= (t[:, None] // chunk) * chunk)
-    prefix = _rows_of(gate.multipliers().astype(q.dtype), T, chunk)
-    mult = mx.where(local, mx.ones_like(prefix), prefix) * causal.astype(q.dtype)
-    mult = mult * _keep(exclude, B, T)[:, None, None, :].astype(q.dtype)
-    allowed = mult > 0
-    neg_inf = mx.array(-math.inf, dtype=logits.dtype)
-    top = mx.max(mx.where(allowed, logits, neg_inf), axis=-1, keepdims=True)
-    top = mx.stop_gradient(mx.where(mx.isinf(top), mx.zeros_like(top), top))
-    weights = mult * mx.exp(mx.where(allowed, logits - top, mx.zeros_like(logits)))
-    out = _safe_ratio(weights @ vh, mx.sum(weights, axis=-1))
-    return mx.swapaxes(out, 1, 2)
-
-
-# ------------------------------------------------------------------------------ modules
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
-    return value
+#: dtypes of the inputs and weights the SV layers compute in (as the torch layers).
+SUPPORTED_DTYPES = (mx.float32, mx.float64)
 
 
 class CausalSVAttention(nn.Module):
     """Chunk-frozen SV-Attention (MLX): each chunk's queries read the SVDD gate of the causal
-    prefix. Parameters and defaults as :class:`svtoolkit.torch.CausalSVAttention`.
+    prefix. Parameters, defaults and checks as :class:`svtoolkit.torch.CausalSVAttention`.
 
     Parameters
     ----------
@@ -272,28 +97,23 @@ class CausalSVAttention(nn.Module):
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
                  ridge=1e-3, head_dim=None, bias=False):
         super().__init__()
-        _positive_int("d_model", d_model)
-        _positive_int("n_heads", n_heads)
+        check_int(d_model, "d_model", min=1)
+        check_int(n_heads, "n_heads", min=1)
         if head_dim is None:
             if d_model % n_heads:
                 raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
                                  f"({n_heads}), or pass head_dim=")
             head_dim = d_model // n_heads
-        _positive_int("head_dim", head_dim)
-        if isinstance(C, bool) or not isinstance(C, (int, float)) or not (
-            math.isfinite(C) and C > 0
-        ):
-            raise ValueError(f"C must be a finite number > 0; got {C!r}")
+        check_int(head_dim, "head_dim", min=1)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
-        self.C = float(C)
-        self.sigma = math.sqrt(2.0 * head_dim) if sigma is None else float(sigma)
-        if not (math.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"sigma must be finite and > 0; got {sigma!r}")
-        self.chunk = _positive_int("chunk", chunk)
-        self.fista_iters = _positive_int("fista_iters", fista_iters)
-        if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
-            raise ValueError(f"ridge must be a finite number >= 0; got {ridge!r}")
-        self.ridge = float(ridge)
+        gate_options = GateOptions(
+            C=C, sigma=math.sqrt(2.0 * head_dim) if sigma is None else sigma, chunk=chunk,
+            ridge=ridge)
+        fista_iters = check_int(fista_iters, "fista_iters", min=1)
+        #: the checked options of the gate (framework-neutral, as in the torch layers)
+        self.gate_options = dataclasses.replace(gate_options, iters=fista_iters)
+        self.C, self.sigma, self.chunk = gate_options.C, gate_options.sigma, gate_options.chunk
+        self.fista_iters, self.ridge = fista_iters, gate_options.ridge
         inner = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=bias)
         self.k_proj = nn.Linear(d_model, inner, bias=bias)
@@ -302,12 +122,18 @@ class CausalSVAttention(nn.Module):
 
     # ------------------------------------------------------------------ projections
     def _check_input(self, x):
-        if not isinstance(x, mx.array) or x.dtype not in (mx.float32, mx.float64, mx.float16,
-                                                           mx.bfloat16):
-            raise TypeError(f"x must be a floating-point mlx array; got {type(x).__name__}")
+        """x is a float32/float64 (B, T, d_model) array with T >= 1 (the torch checks)."""
+        if not isinstance(x, mx.array) or not mx.issubdtype(x.dtype, mx.floating):
+            got = f"dtype {dtype_name(x.dtype)}" if isinstance(x, mx.array) else type(x).__name__
+            raise TypeError(f"x must be a floating-point tensor; got {got}")
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (B, T, d_model={self.d_model}); got "
                              f"{tuple(x.shape)}")
+        if x.shape[1] == 0:
+            raise ValueError("the sequence is empty (T = 0); pass at least one token")
+        weight = self.q_proj.weight.dtype
+        if x.dtype not in SUPPORTED_DTYPES or weight not in SUPPORTED_DTYPES:
+            raise TypeError(unsupported_dtype(type(self).__name__, x.dtype, weight))
 
     def _rms(self, y):
         """Per-head RMS normalisation, ``y / sqrt(mean(y^2) + eps)``, eps the dtype's machine
@@ -334,7 +160,7 @@ class CausalSVAttention(nn.Module):
         B, T = o.shape[:2]
         return self.o_proj(o.reshape(B, T, self.n_heads * self.head_dim))
 
-    # ------------------------------------------------------------------ the two paths
+    # ------------------------------------------------------------------ the three paths
     def __call__(self, x, exclude=None):
         """Training path: x (B, T, d_model) -> (B, T, d_model), batched approximate gate."""
         q, k, v = self._qkv(x)
@@ -356,6 +182,31 @@ class CausalSVAttention(nn.Module):
                                  exclude=exclude)
         return sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, iters=self.fista_iters,
                        ridge=self.ridge, exclude=exclude)
+
+    def init_state(self, batch_size, *, budget=None):
+        """A fresh exact streaming state for ``batch_size`` sequences (see SVStreamState)."""
+        return SVStreamState(self, batch_size, budget=budget)
+
+    def forward_with_state(self, x, state=None):
+        """Exact streaming: continue the sequences of ``state`` with x (B, T, d_model).
+
+        Inference only (the outputs are not meant to be differentiated).
+        """
+        self._check_input(x)
+        if state is None:
+            state = self.init_state(x.shape[0])
+        if state.layer is not self or state.batch_size != x.shape[0]:
+            raise ValueError("state belongs to another layer or batch size")
+        outs = [state._push(self, x[:, t]) for t in range(x.shape[1])]
+        return mx.stack(outs, axis=1), state
+
+    def step(self, x_t, state=None):
+        """One token: x_t (B, d_model) -> (y_t (B, d_model), state)."""
+        if not isinstance(x_t, mx.array) or x_t.ndim != 2:
+            shape = tuple(x_t.shape) if isinstance(x_t, mx.array) else type(x_t).__name__
+            raise ValueError(f"x_t must have shape (B, d_model={self.d_model}); got {shape}")
+        y, state = self.forward_with_state(x_t[:, None], state)
+        return y[:, 0], state
 
     @classmethod
     def from_torch(cls, module):
@@ -379,6 +230,94 @@ class HybridSVAttention(CausalSVAttention):
     parameters as :class:`CausalSVAttention`."""
 
     hybrid = True
+
+
+class SVStreamState(ExactStream):
+    """Exact streaming state of one MLX SV layer for ``batch_size`` sequences.
+
+    The twin of :class:`svtoolkit.torch.layers.SVStreamState`: the same framework-neutral
+    bookkeeping (:class:`svtoolkit._gate_core.ExactStream`: admission at chunk boundaries,
+    certified eviction under ``budget``, ``forget``) with an MLX readout. Keys are stored as
+    float64 ndarrays of shape (H, D), values as MLX arrays of shape (H, Dv).
+
+    Parameters
+    ----------
+    layer : CausalSVAttention or HybridSVAttention
+    batch_size : int
+    budget : int, optional
+        Admitted keys per (sequence, head) above which certified reserve keys are evicted at a
+        boundary (see the torch state).
+    """
+
+    def __init__(self, layer, batch_size, *, budget=None):
+        super().__init__(layer.C, layer.sigma, layer.chunk, layer.n_heads, batch_size,
+                         budget=budget)
+        self.layer = layer
+
+    def forget(self, b, position):
+        """Delete token ``position`` of sequence ``b`` from the memory.
+
+        Parameters
+        ----------
+        b, position : int
+            Any integer (Python, NumPy or a 0-d integer MLX array).
+
+        Returns
+        -------
+        str
+            ``"decremented"``, ``"masked"`` or ``"evicted"``, as the torch state.
+
+        Raises
+        ------
+        TypeError
+            ``b`` or ``position`` is not an integer.
+        IndexError
+            ``b`` out of range, or ``position`` not seen yet.
+        KeyError
+            ``position`` already forgotten.
+
+        Notes
+        -----
+        A refused call changes nothing: every check runs before the first change.
+        """
+        return super().forget(b, position)
+
+    def _push(self, layer, x_t):
+        """Process one token for every sequence: x_t (B, d_model) -> y_t (B, d_model)."""
+        q, k, v = layer._qkv(x_t[:, None])
+        q, k, v = q[:, 0], k[:, 0], mx.stop_gradient(v[:, 0])  # (B, H, D)
+        keys = as_numpy64(k)
+        t = self.begin_token()
+        outs = []
+        for b in range(self.batch_size):
+            self.store(b, t, keys[b], v[b])
+            outs.append(self._read(layer, b, q[b]))
+        self.end_token()
+        B = self.batch_size
+        return layer.o_proj(mx.stack(outs).reshape(B, layer.n_heads * layer.head_dim))
+
+    def _read(self, layer, b, q):
+        """Readout of one query (H, D) of sequence b -> (H, Dv), as the torch state (RBF
+        weights from coordinate differences, as there)."""
+        outs = []
+        for h in range(layer.n_heads):
+            prefix, mult = self.read_sets(b, h, layer.hybrid)
+            if not prefix:
+                outs.append(mx.zeros_like(self.values[b][self.position][h]))
+                continue
+            keys = mx.array(np.stack([self.keys[b][p][h] for p in prefix]), dtype=q.dtype)
+            values = mx.stack([self.values[b][p][h] for p in prefix])
+            weight = mx.array(mult, dtype=q.dtype)
+            if layer.hybrid:
+                logits = keys @ q[h] / math.sqrt(layer.head_dim)
+                weight = weight * mx.exp(logits - mx.max(logits))
+            else:
+                sq = mx.sum((keys - q[h]) ** 2, axis=-1)
+                weight = weight * mx.exp(-sq / layer.sigma**2)
+            total = mx.sum(weight)
+            outs.append(weight @ values / total if total.item() > 0
+                        else mx.zeros_like(values[0]))
+        return mx.stack(outs)
 
 
 def _mlx_weight(tensor):

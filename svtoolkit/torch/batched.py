@@ -1,9 +1,9 @@
 """Batched training path in PyTorch: FISTA partition finder and ridged bordered solve.
 
-This is the *approximate* path of DESIGN.md §3 (paper §3.4, App. B, Algorithm 1). It solves many
-SVDD duals at once,
+This is the *approximate* path of docs/design.md (Forgetful Attention (arXiv:2607.12204), §3.4,
+App. B, Algorithm 1). It solves many SVDD duals at once,
 
-    minimise  a^T K a - diag(K)^T a   subject to  sum(a) = 1,  0 <= a_i <= C,          (paper eq. 2)
+    minimise  a^T K a - diag(K)^T a   subject to  sum(a) = 1,  0 <= a_i <= C,          (eq. 2)
 
 one per batch entry ``g``, estimates each problem's partition (margin S, error E, reserve R) with
 accelerated projected gradient (FISTA), and then solves the 1e-3-ridged bordered KKT system over
@@ -25,19 +25,32 @@ and runs in float32 or float64 (the dtype of ``K``).
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 
 import numpy as np
 import torch
 
-from .._fista import FEASIBLE_FROM, PARTITION_TOL, POWER_ITERS, PROJECTION_MAX_ITER, RIDGE
-from .._validation import check_positive
-from ..exact._walk import FEASIBILITY_TOL
+from .._gate_core import check_box, check_iters, check_partition_tol, check_ridge
+from .._rules import (
+    BATCHED_PARTITION_TOL,
+    FEASIBILITY_TOL,
+    FEASIBLE_FROM,
+    POWER_ITERS,
+    PROJECTION_MAX_ITER,
+    RIDGE,
+)
+from .._validation import check_option
+
+#: Old name of the default partition threshold, :data:`svtoolkit._rules.BATCHED_PARTITION_TOL`.
+PARTITION_TOL = BATCHED_PARTITION_TOL
 
 #: A ridged solution is accepted when max|M u - c| <= RESIDUAL_TOL * p * eps *
 #: (max|M| max|u| + max|c|), p = w + 1 the size of the bordered system (see _accurate).
 RESIDUAL_TOL = 64.0
+#: Bordered systems larger than this are not given to torch's batched CPU LU when torch runs
+#: more than one thread (the torch 2.13 thread bug; see :func:`_solve_where`). The bug was
+#: reported for systems larger than ~150; smaller batches keep the batched LU.
+LU_BUG_MIN_SIZE = 128
 
 __all__ = [
     "project_capped_simplex",
@@ -201,7 +214,7 @@ def _projection_root(y, mask, C, lam, max_iter=PROJECTION_MAX_ITER):
 def _feasible(m, C):
     """``m C >= 1 - FEASIBILITY_TOL`` for integer counts m, evaluated in float64.
 
-    The exact solver's rule (:data:`svtoolkit.exact._walk.FEASIBILITY_TOL`), so ``C = 1 / n``
+    The exact solver's rule (:data:`svtoolkit._rules.FEASIBILITY_TOL`), so ``C = 1 / n``
     with ``n (1 / n)`` rounded just below 1 is feasible on both paths.
     """
     return (m > 0) & (m.to(torch.float64) * C >= FEASIBLE_FROM)
@@ -252,7 +265,7 @@ def project_capped_simplex(y, C, *, mask=None):
     [[0.5, 0.375, 0.125]]
     """
     _check_float_tensor(y, "y", 2, "(G, n)")
-    C = check_positive(C, "C")
+    C = check_box(C)
     mask = _check_mask(mask, y.shape, y.device)
     if y.numel() == 0:  # no rows or no entries
         return torch.zeros_like(y)
@@ -369,11 +382,9 @@ def fista_svdd(K, C, *, mask=None, iters=80, restart=False, backend="auto"):
     There is no convergence certificate: see docs/batched.md for the measured accuracy.
     """
     K, mask = _check_gram(K, mask)
-    C = check_positive(C, "C")
-    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
-        raise ValueError(f"iters must be an integer >= 0; got {iters!r}")
-    if backend not in ("auto", "numba", "torch"):
-        raise ValueError(f"backend must be 'auto', 'numba' or 'torch'; got {backend!r}")
+    C = check_box(C)
+    iters = check_iters(iters)
+    check_option(backend, "backend", ("auto", "numba", "torch"))
     on_cpu = K.device.type == "cpu"
     if backend == "numba" and not on_cpu:
         raise ValueError(f"backend='numba' needs CPU tensors; K is on {K.device}")
@@ -444,7 +455,7 @@ def _momentum(a_new, a, y, t, restart):
 # --------------------------------------------------------------------------------------------
 
 
-def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
+def partition_masks(alpha, C, *, tol=BATCHED_PARTITION_TOL, mask=None):
     """Margin and error masks read off approximate coefficients.
 
     Parameters
@@ -454,7 +465,8 @@ def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
     C : float
         Box.
     tol : float
-        Relative threshold in ``[0, 0.5)``, a fraction of C (default :data:`PARTITION_TOL`).
+        Relative threshold in ``[0, 0.5)``, a fraction of C (default
+        :data:`svtoolkit._rules.BATCHED_PARTITION_TOL`, 1e-3).
     mask : Tensor of shape (G, n), bool, optional
         Keys that belong to each problem; off-mask keys are in neither set.
 
@@ -478,9 +490,8 @@ def partition_masks(alpha, C, *, tol=PARTITION_TOL, mask=None):
     the margin set is always empty, so :func:`ridged_svdd_solve` flags every problem invalid.
     """
     _check_float_tensor(alpha, "alpha", 2, "(G, n)")
-    C = check_positive(C, "C")
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= tol < 0.5:
-        raise ValueError(f"tol must be a real number in [0, 0.5); got {tol!r}")
+    C = check_box(C)
+    tol = check_partition_tol(tol)
     mask = _check_mask(mask, alpha.shape, alpha.device)
     alpha = alpha.detach()
     error = mask & (alpha >= (1.0 - tol) * C)
@@ -584,11 +595,8 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
     attached to these coefficients.
     """
     _check_float_tensor(K, "K", 3, "(G, n, n)")
-    C = check_positive(C, "C")
-    if isinstance(ridge, bool) or not isinstance(ridge, numbers.Real) or not (
-        math.isfinite(ridge) and ridge >= 0.0
-    ):
-        raise ValueError(f"ridge must be a finite real number >= 0; got {ridge!r}")
+    C = check_box(C)
+    ridge = check_ridge(ridge)
     K, mask = _check_gram(K, mask)
     _check_partition(margin_mask, error_mask, mask)
     n_margin = margin_mask.sum(-1)
@@ -635,11 +643,18 @@ def _solve_where(M, c, valid):
     with p = w + 1 the size of the bordered system and eps that of the dtype. Rows that fail
     are solved again one at a time: batched LU of torch 2.13 on a CPU returns wrong solutions
     silently (or raises) once ``torch.set_num_threads`` has been called with 2 or more threads
-    (pytorch#142815); the one-matrix path is not affected.
+    (pytorch#142815); the one-matrix path is not affected. On some CPUs the batched call does
+    not return at all under that bug (MKL's DLASWP reports a bad parameter in a loop), so with
+    more than one torch thread on a CPU, systems above ``LU_BUG_MIN_SIZE`` are solved one
+    matrix at a time from the start.
     """
     eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M)
     M = torch.where(valid[:, None, None], M, eye)
     c = torch.where(valid[:, None], c, torch.zeros_like(c))
+    if (M.device.type == "cpu" and M.shape[0] > 1 and M.shape[-1] > LU_BUG_MIN_SIZE
+            and torch.get_num_threads() > 1):
+        u = _solve_rows(M, c, torch.zeros_like(c), torch.ones_like(valid))
+        return u, _accurate(M, u, c)
     try:
         u, info = torch.linalg.solve_ex(M, c[:, :, None])
         u = u[:, :, 0]

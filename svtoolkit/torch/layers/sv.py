@@ -1,11 +1,12 @@
 """SV-Attention sequence layers: chunk-frozen gate and hybrid, trainable, with exact inference.
 
 ``CausalSVAttention`` and ``HybridSVAttention`` map x (B, T, d_model) -> (B, T, d_model),
-exactly causally (paper 000 §3.5, Fig. 2). Per head, keys and queries are RMS-normalised
-(``||k|| = sqrt(D)``), so the default RBF width ``sigma = sqrt(2 D)`` puts typical kernel values
-near exp(-1) whatever the scale of the projections.
+exactly causally (Forgetful Attention (arXiv:2607.12204), §3.5, Fig. 2). Per head, keys and
+queries are RMS-normalised (``||k|| = sqrt(D)``), so the default RBF width
+``sigma = sqrt(2 D)`` puts typical kernel values near exp(-1) whatever the scale of the
+projections.
 
-Three ways to run the same weights (see :mod:`svtoolkit.torch.ops.sv_attention` for the math):
+Three ways to run the same weights (see :mod:`svtoolkit.torch.ops.chunked_sv` for the math):
 
 * ``forward(x, exclude=None)`` - **training**: the batched gate (FISTA partition finder +
   ridged bordered solve, differentiable; approximate, no certificate).
@@ -34,23 +35,15 @@ autograd and the state stores detached keys and values (train with ``forward``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import operator
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..._validation import check_positive
-from ...exact import IncrementalSVDD
-from ..ops._common import check_positive_int
-from ..ops.sv_attention import (
-    exact_sv_gate,
-    sv_gate,
-    sv_hybrid_readout,
-    sv_rbf_readout,
-    warmup_size,
-)
+from ..._gate_core import ExactStream, GateOptions, unsupported_dtype
+from ..._validation import check_int
+from ..ops.chunked_sv import exact_sv_gate, sv_gate, sv_hybrid_readout, sv_rbf_readout
 from ._base import HeadsAttention
 
 __all__ = ["CausalSVAttention", "HybridSVAttention", "SVStreamState"]
@@ -91,14 +84,14 @@ class CausalSVAttention(HeadsAttention):
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
                  ridge=1e-3, **options):
         super().__init__(d_model, n_heads, **options)
-        self.C = check_positive(C, "C")
-        self.sigma = (math.sqrt(2.0 * self.head_dim) if sigma is None
-                      else check_positive(sigma, "sigma"))
-        self.chunk = check_positive_int("chunk", chunk)
-        self.fista_iters = check_positive_int("fista_iters", fista_iters)
-        if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
-            raise ValueError(f"ridge must be a finite number >= 0; got {ridge!r}")
-        self.ridge = float(ridge)
+        gate_options = GateOptions(
+            C=C, sigma=math.sqrt(2.0 * self.head_dim) if sigma is None else sigma, chunk=chunk,
+            ridge=ridge)
+        fista_iters = check_int(fista_iters, "fista_iters", min=1)
+        #: the checked options of the gate (framework-neutral, shared with the MLX layers)
+        self.gate_options = dataclasses.replace(gate_options, iters=fista_iters)
+        self.C, self.sigma, self.chunk = gate_options.C, gate_options.sigma, gate_options.chunk
+        self.fista_iters, self.ridge = fista_iters, gate_options.ridge
 
     # ------------------------------------------------------------------ projections
     def _check_input(self, x):
@@ -106,10 +99,7 @@ class CausalSVAttention(HeadsAttention):
         super()._check_input(x)
         weight = self.q_proj.weight.dtype
         if x.dtype not in SUPPORTED_DTYPES or weight not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{type(self).__name__} supports float32 and float64 only; got x of dtype "
-                f"{x.dtype} and weights of dtype {weight} (convert with .float() or .double())"
-            )
+            raise TypeError(unsupported_dtype(type(self).__name__, x.dtype, weight))
 
     def _qkv(self, x):
         self._check_input(x)
@@ -178,14 +168,17 @@ class HybridSVAttention(CausalSVAttention):
     hybrid = True
 
 
-class SVStreamState:
+class SVStreamState(ExactStream):
     """Exact streaming state of one SV layer for ``batch_size`` sequences.
 
     Per (sequence, head): an :class:`svtoolkit.IncrementalSVDD` over the admitted long-range
     keys (fp64) and the gate multipliers. Per sequence: the current chunk's tokens (read
     directly by the hybrid; admitted at the next boundary) and the key and value of every
     position still needed - held by some head's solver or in the current chunk and not
-    forgotten. Keys and values are stored detached: streaming is inference only.
+    forgotten. Keys and values are stored detached: streaming is inference only. The
+    bookkeeping (admission, eviction, ``forget``) is framework-neutral
+    (:class:`svtoolkit._gate_core.ExactStream`, shared with the MLX layers); this class adds
+    the torch readout.
 
     Parameters
     ----------
@@ -200,28 +193,10 @@ class SVStreamState:
     """
 
     def __init__(self, layer, batch_size, *, budget=None):
+        super().__init__(layer.C, layer.sigma, layer.chunk, layer.n_heads, batch_size,
+                         budget=budget)
         self.layer = layer
-        self.batch_size = check_positive_int("batch_size", batch_size)
-        if budget is not None:
-            budget = check_positive_int("budget", budget)
-        self.budget = budget
-        self.position = 0
-        H = layer.n_heads
-        self.solvers = [[IncrementalSVDD(layer.C, layer.sigma) for _ in range(H)]
-                        for _ in range(batch_size)]
-        self.ids = [[{} for _ in range(H)] for _ in range(batch_size)]  # position -> solver id
-        self.keys = [{} for _ in range(batch_size)]  # position -> (H, D) normalised key
-        self.values = [{} for _ in range(batch_size)]  # position -> (H, Dv)
-        self.local = [[] for _ in range(batch_size)]  # current-chunk positions
-        # admitted, not forgotten positions - evicted ones included: the warm-up rule counts
-        # the prefix, so that a certified eviction cannot switch the gate off
-        self.prefix_size = [0] * batch_size
-        self.forgotten = [set() for _ in range(batch_size)]
-        self.multipliers = [[{} for _ in range(H)] for _ in range(batch_size)]
-        self.evicted = 0
-        self.over_budget = 0
 
-    # ------------------------------------------------------------------ deletion
     def forget(self, b, position):
         """Delete token ``position`` of sequence ``b`` from the memory.
 
@@ -252,110 +227,30 @@ class SVStreamState:
         -----
         A refused call changes nothing: every check runs before the first change.
         """
-        b, position = _as_index("b", b), _as_index("position", position)
-        self._check_forget(b, position)
-        self.forgotten[b].add(position)
-        if position in self.local[b]:
-            self._drop(b, position)  # never read nor admitted again
-            return "masked"
-        self.prefix_size[b] -= 1
-        outcome = "evicted"
-        for h, solver in enumerate(self.solvers[b]):
-            key_id = self.ids[b][h].pop(position, None)
-            if key_id is not None:
-                solver.remove(key_id)
-                outcome = "decremented"
-            self._refresh(b, h)
-        self._drop(b, position)
-        return outcome
-
-    def _check_forget(self, b, position):
-        """Raise unless token ``position`` of sequence ``b`` can be forgotten now."""
-        if not 0 <= b < self.batch_size:
-            raise IndexError(f"sequence {b} out of range for batch size {self.batch_size}")
-        if not 0 <= position < self.position:
-            raise IndexError(f"position {position} has not been seen (stream is at "
-                             f"{self.position})")
-        if position in self.forgotten[b]:
-            raise KeyError(f"position {position} of sequence {b} was already forgotten")
-
-    # ------------------------------------------------------------------ internals
-    def _drop(self, b, position):
-        """Forget the stored key and value of a position no head and no later read needs."""
-        self.keys[b].pop(position, None)
-        self.values[b].pop(position, None)
-
-    def _refresh(self, b, h):
-        """Multipliers of the admitted keys: a / C when the gate is on, else 1."""
-        solver = self.solvers[b][h]
-        mult = {}
-        if solver.certified and self.prefix_size[b] >= warmup_size(self.layer.C):
-            position_of = {i: p for p, i in self.ids[b][h].items()}
-            for key_id, a in zip(solver.ids, solver.alpha, strict=True):
-                mult[position_of[int(key_id)]] = a / self.layer.C
-        else:
-            mult = {p: 1.0 for p in self.ids[b][h]}
-        self.multipliers[b][h] = mult
-
-    def _admit_chunk(self, b):
-        """Admit the finished chunk of sequence b, evict over the budget, drop unheld keys."""
-        for p in self.local[b]:
-            if p in self.forgotten[b]:
-                self._drop(b, p)
-                continue
-            for h, solver in enumerate(self.solvers[b]):
-                self.ids[b][h][p] = solver.add(self.keys[b][p][h].numpy())
-            self.prefix_size[b] += 1
-        self.local[b] = []
-        evicted = set()
-        for h in range(self.layer.n_heads):
-            evicted.update(self._evict(b, h))
-            self._refresh(b, h)
-        for p in evicted:  # a key evicted from one head may still be held by another
-            if not any(p in ids for ids in self.ids[b]):
-                self._drop(b, p)
-
-    def _evict(self, b, h):
-        """Certified eviction of head h's reserve keys above the budget; their positions."""
-        solver = self.solvers[b][h]
-        if self.budget is None or len(solver) <= self.budget:
-            return []
-        position_of = {i: p for p, i in self.ids[b][h].items()}
-        positions = [position_of[int(key_id)] for key_id in solver.evict_reserve()]
-        for p in positions:
-            del self.ids[b][h][p]
-        self.evicted += len(positions)
-        if len(solver) > self.budget:
-            self.over_budget += 1
-        return positions
+        return super().forget(b, position)
 
     def _push(self, layer, x_t):
         """Process one token for every sequence: x_t (B, d_model) -> y_t (B, d_model)."""
         q, k, v = layer._qkv(x_t[:, None])
         q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
-        t = self.position
-        if t > 0 and t % layer.chunk == 0:
-            for b in range(self.batch_size):
-                self._admit_chunk(b)
+        t = self.begin_token()
         outs = []
         for b in range(self.batch_size):
-            self.keys[b][t] = k[b].detach().to("cpu", torch.float64)
-            self.values[b][t] = v[b].detach()
-            self.local[b].append(t)
-            outs.append(self._read(layer, b, q[b], k, v))
-        self.position = t + 1
+            self.store(b, t, k[b].detach().to("cpu", torch.float64), v[b].detach())
+            outs.append(self._read(layer, b, q[b]))
+        self.end_token()
         return layer.o_proj(torch.stack(outs).flatten(-2))
 
-    def _read(self, layer, b, q, k, v):
-        """Readout of one query (H, D) of sequence b -> (H, Dv)."""
-        H = layer.n_heads
+    def _read(self, layer, b, q):
+        """Readout of one query (H, D) of sequence b -> (H, Dv).
+
+        The RBF weights are computed here from coordinate differences of the stored keys (one
+        query against a short list; no Gram block to expand), not by ``rbf_gram``: equal to the
+        ``forward_exact`` readout to rounding (tested to 1e-12 in float64).
+        """
         outs = []
-        local = [p for p in self.local[b] if p not in self.forgotten[b]]
-        for h in range(H):
-            prefix = [p for p, m in self.multipliers[b][h].items() if m > 0]
-            mult = [self.multipliers[b][h][p] for p in prefix]
-            if layer.hybrid:
-                prefix, mult = prefix + local, mult + [1.0] * len(local)
+        for h in range(layer.n_heads):
+            prefix, mult = self.read_sets(b, h, layer.hybrid)
             if not prefix:
                 outs.append(torch.zeros_like(self.values[b][self.position][h]))
                 continue
@@ -371,26 +266,3 @@ class SVStreamState:
             total = weight.sum()
             outs.append(weight @ values / total if total > 0 else torch.zeros_like(values[0]))
         return torch.stack(outs)
-
-    def state_summary(self):
-        """Admitted keys per (sequence, head), stored keys per sequence, evictions and budget
-        overruns."""
-        return {
-            "position": self.position,
-            "admitted": np.array([[len(s) for s in row] for row in self.solvers]),
-            "stored": np.array([len(keys) for keys in self.keys]),
-            "evicted": self.evicted,
-            "over_budget": self.over_budget,
-        }
-
-
-def _as_index(name, value):
-    """``operator.index(value)`` with a clear error (bools, floats, float tensors refused)."""
-    is_bool = isinstance(value, (bool, np.bool_)) or (
-        isinstance(value, torch.Tensor) and value.dtype == torch.bool)
-    if not is_bool:
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(f"{name} must be an integer; got {value!r} ({type(value).__name__})")

@@ -1,0 +1,462 @@
+"""The framework-neutral part of the chunked SV gate: options, rules, exact prefix gates.
+
+The SV-Attention layers of Forgetful Attention (arXiv:2607.12204), §3.5, exist twice, in
+torch (:mod:`svtoolkit.torch`) and in MLX (:mod:`svtoolkit.mlx`). Everything about them that is
+not tensor algebra lives here, once, so that the twins cannot drift:
+
+* the option checks (:func:`check_box`, :func:`check_iters`, :func:`check_partition_tol`,
+  :func:`check_ridge`) and the layer options (:class:`GateOptions`), with one message per bad
+  value whatever the framework;
+* the rules: chunk boundaries (:func:`chunk_ends`), the warm-up size (:func:`warmup_size`),
+  the feasibility and error-overflow count thresholds (:func:`count_threshold`), the padded
+  widths of the batched solve (:func:`bucket_width`);
+* the exact prefix gates on NumPy arrays (:func:`exact_prefix_gates`, fp64 exact solver);
+* the gate result's fields (:class:`GateResult`, subclassed by each framework for its
+  multipliers) and the exact streaming bookkeeping (:class:`ExactStream`).
+
+The conventions (sign of rho, warm-up, the paths) are those of ``docs/design.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._rules import BATCHED_PARTITION_TOL, FEASIBILITY_TOL, FEASIBLE_FROM, RIDGE
+from ._validation import check_int, check_positive, check_real
+from .exact import IncrementalSVDD
+
+__all__ = [
+    "COUNT_MAX",
+    "ExactStream",
+    "GateOptions",
+    "GateResult",
+    "as_index",
+    "bad_exclude",
+    "bucket_width",
+    "check_box",
+    "check_iters",
+    "check_partition_tol",
+    "check_ridge",
+    "chunk_ends",
+    "count_threshold",
+    "dtype_name",
+    "exact_prefix_gates",
+    "unsupported_dtype",
+    "warmup_size",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# option checks (one message per bad value, for torch and MLX alike)
+# --------------------------------------------------------------------------------------------
+
+
+def check_box(C):
+    """The box C of the dual: a finite real ``> 0``."""
+    return check_positive(C, "C")
+
+
+def check_iters(iters):
+    """FISTA iterations: an int ``>= 0``."""
+    return check_int(iters, "iters", min=0)
+
+
+def check_partition_tol(tol):
+    """Relative partition threshold: a real in ``[0, 0.5)``."""
+    return check_real(tol, "tol", min=0.0, max=0.5, include_max=False)
+
+
+def check_ridge(ridge):
+    """Ridge of the bordered system: a finite real ``>= 0``."""
+    return check_real(ridge, "ridge", min=0)
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """Options of a chunked SV gate, checked once (torch and MLX layers hold one).
+
+    Attributes
+    ----------
+    C : float
+        Box of every gate, fixed, ``> 0``.
+    sigma : float
+        RBF width, ``> 0``.
+    chunk : int
+        Chunk length, ``>= 1``.
+    iters : int
+        FISTA iterations of the batched path, ``>= 0`` (the layers ask for ``>= 1``).
+    ridge : float
+        Ridge of the batched bordered solve, ``>= 0``.
+    tol : float
+        Partition threshold of the batched path, a fraction of C in ``[0, 0.5)``.
+    """
+
+    C: float
+    sigma: float
+    chunk: int
+    iters: int = 80
+    ridge: float = RIDGE
+    tol: float = BATCHED_PARTITION_TOL
+
+    def __post_init__(self):
+        checked = {
+            "C": check_box(self.C),
+            "sigma": check_positive(self.sigma, "sigma"),
+            "chunk": check_int(self.chunk, "chunk", min=1),
+            "iters": check_iters(self.iters),
+            "ridge": check_ridge(self.ridge),
+            "tol": check_partition_tol(self.tol),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+
+# --------------------------------------------------------------------------------------------
+# rules
+# --------------------------------------------------------------------------------------------
+
+
+def chunk_ends(T, chunk):
+    """Prefix ends ``[chunk, 2 chunk, ...]`` of the chunks that have a prefix (start < T)."""
+    return list(range(chunk, T, chunk))
+
+
+def warmup_size(C):
+    """Smallest prefix that is gated: ``ceil(1 / C) + 2`` keys (Forgetful Attention
+    (arXiv:2607.12204), App. C). ``1 / C`` is rounded down by FEASIBILITY_TOL first, so that a
+    C such as ``1 / 4`` computed with rounding does not add a key."""
+    return math.ceil(1.0 / C - FEASIBILITY_TOL) + 2
+
+
+#: Largest count an int32 count array (MLX's) can hold; thresholds above it are never reached.
+COUNT_MAX = 2**31 - 1
+
+
+def count_threshold(C, *, level=FEASIBLE_FROM, strict=False, limit=COUNT_MAX):
+    """Smallest integer count k >= 1 with ``k C >= level`` (``> level`` when ``strict``), or
+    None if no count up to ``limit`` reaches it.
+
+    Decided in float64 (the products ``k C`` are those torch evaluates). The real threshold
+    ``level / C`` is within 2 of the integer one for every k up to 2**31 (exact in float64),
+    so five candidates around its ceiling settle it without an open-ended search. With the
+    defaults it is the feasibility rule ``m C >= 1 - FEASIBILITY_TOL``; with
+    ``level = 1 + FEASIBILITY_TOL, strict=True`` the error-overflow rule ``|E| C > 1 + tol``.
+    """
+    def reaches(k):
+        return k * C > level if strict else k * C >= level
+
+    if not reaches(limit):
+        return None
+    start = max(1, min(math.ceil(level / C), limit) - 2)
+    for k in range(start, start + 5):
+        if reaches(k):
+            return k
+    raise AssertionError(f"no count threshold found near {level / C!r}")  # unreachable
+
+
+def dtype_name(dtype):
+    """A dtype's name without its framework: ``torch.float32``, ``mlx.core.float32`` and
+    ``float32`` all give ``"float32"`` (so that messages read the same in torch and MLX)."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def bad_exclude(exclude, shape):
+    """The ``ValueError`` for an ``exclude`` that is not a bool array of shape ``(B, T)``."""
+    if hasattr(exclude, "dtype") and hasattr(exclude, "shape"):
+        got = f"{dtype_name(exclude.dtype)} {tuple(exclude.shape)}"
+    else:
+        got = type(exclude).__name__
+    return ValueError(f"exclude must be a bool array of shape (B, T) = {tuple(shape)}; got {got}")
+
+
+def unsupported_dtype(layer_name, x_dtype, weight_dtype):
+    """The message of the ``TypeError`` for inputs or weights outside float32/float64."""
+    return (f"{layer_name} supports float32 and float64 only; got x of dtype "
+            f"{dtype_name(x_dtype)} and weights of dtype {dtype_name(weight_dtype)} (convert "
+            "the input and the layer to float32 or float64)")
+
+
+def bucket_width(n_margin, n):
+    """Padded size of one problem's margin block in the batched solve: the next power of two
+    ``>= |S|`` (and >= 1), at most n. It depends on the problem's own |S| only."""
+    return min(1 << max(int(n_margin) - 1, 0).bit_length(), n)
+
+
+# --------------------------------------------------------------------------------------------
+# exact prefix gates (NumPy, fp64 exact solver)
+# --------------------------------------------------------------------------------------------
+
+
+def exact_prefix_gates(keys, keep, C, sigma, ends):
+    """Exact gate coefficients at every chunk boundary, one solver per (sequence, head).
+
+    Parameters
+    ----------
+    keys : ndarray of shape (B, T, H, D), float64
+    keep : ndarray of shape (B, T), bool
+        Tokens admitted to the gates (False: excluded).
+    C, sigma : float
+    ends : list of int
+        Prefix ends (:func:`chunk_ends`).
+
+    Returns
+    -------
+    alpha : ndarray of shape (B, H, J, P), float64
+        Coefficients of boundary j over the positions ``[0, ends[j])`` (0 beyond and on
+        excluded positions), P = ends[-1] (0 when there is no boundary).
+    gated : ndarray of shape (B, H, J), bool
+        True where the solver is certified and the prefix holds at least
+        :func:`warmup_size` keys.
+
+    Notes
+    -----
+    Each chunk's keys are admitted at its end by exact increments
+    (:class:`svtoolkit.IncrementalSVDD`), so the coefficients at every boundary are the exact
+    optimum of the prefix (certified once ``n C >= 1``).
+    """
+    B, _, H, _ = keys.shape
+    J = len(ends)
+    P = ends[-1] if J else 0
+    alpha = np.zeros((B, H, J, P))
+    gated = np.zeros((B, H, J), dtype=bool)
+    for b in range(B):
+        for h in range(H):
+            solver = IncrementalSVDD(C, sigma)
+            position = {}
+            start = 0
+            for j, end in enumerate(ends):
+                for t in range(start, end):
+                    if keep[b, t]:
+                        position[solver.add(keys[b, t, h])] = t
+                start = end
+                if solver.certified and len(solver) >= warmup_size(C):
+                    gated[b, h, j] = True
+                    alpha[b, h, j, [position[i] for i in solver.ids]] = solver.alpha
+    return alpha, gated
+
+
+# --------------------------------------------------------------------------------------------
+# gate result
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """Gate coefficients at every chunk boundary (fields shared by the torch and MLX gates).
+
+    Attributes
+    ----------
+    alpha : array of shape (B, H, J, P)
+        Coefficients of boundary j over the keys ``[0, ends[j])`` (0 beyond), P = ends[-1];
+        a torch tensor or an MLX array.
+    gated : array of shape (B, H, J), bool
+        False where the gate is off (warm-up, invalid batched problem): multipliers are 1.
+    ends : list of int
+        Prefix ends ``s_c = c * chunk`` of the chunks c = 1 .. J.
+    C : float
+        Box of the gates.
+    exact : bool
+        True when the coefficients come from the exact fp64 solver.
+
+    Subclasses add ``multipliers()``: ``max(a / C, 0)`` where gated, 1 where not, 0 beyond
+    each prefix, of shape (B, H, J, P).
+    """
+
+    alpha: Any
+    gated: Any
+    ends: list
+    C: float
+    exact: bool
+
+
+# --------------------------------------------------------------------------------------------
+# exact streaming bookkeeping
+# --------------------------------------------------------------------------------------------
+
+
+def as_index(name, value):
+    """``operator.index(value)`` with a clear error (bools refused, and anything that is not
+    an integer: floats, float tensors or arrays)."""
+    is_bool = isinstance(value, (bool, np.bool_)) or "bool" in str(getattr(value, "dtype", ""))
+    if not is_bool:
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an integer; got {value!r} ({type(value).__name__})")
+
+
+class ExactStream:
+    """Exact streaming gates of ``batch_size`` sequences with ``n_heads`` heads (no tensors).
+
+    Per (sequence, head): an :class:`svtoolkit.IncrementalSVDD` over the admitted long-range
+    keys (fp64) and the gate multipliers of the admitted positions. Per sequence: the current
+    chunk's positions, and the key and value of every position still needed, stored as the
+    framework's arrays (detached; keys of shape (H, D) in float64 on the CPU, so that
+    ``np.asarray`` reads them exactly). The framework layers own one of these (as a base
+    class) and add the readout.
+
+    Parameters
+    ----------
+    C, sigma : float
+        Box and RBF width of the gates.
+    chunk : int
+        Chunk length: keys are admitted to the gates at every multiple of it.
+    n_heads, batch_size : int
+    budget : int, optional
+        Admitted keys per (sequence, head) above which certified reserve keys are evicted at a
+        boundary (see the layers' ``init_state``).
+    """
+
+    def __init__(self, C, sigma, chunk, n_heads, batch_size, *, budget=None):
+        self.C, self.sigma, self.chunk = C, sigma, chunk
+        self.batch_size = check_int(batch_size, "batch_size", min=1)
+        if budget is not None:
+            budget = check_int(budget, "budget", min=1)
+        self.budget = budget
+        self.position = 0
+        H = n_heads
+        self.solvers = [[IncrementalSVDD(C, sigma) for _ in range(H)]
+                        for _ in range(batch_size)]
+        self.ids = [[{} for _ in range(H)] for _ in range(batch_size)]  # position -> solver id
+        self.keys = [{} for _ in range(batch_size)]  # position -> (H, D) float64 key
+        self.values = [{} for _ in range(batch_size)]  # position -> (H, Dv)
+        self.local = [[] for _ in range(batch_size)]  # current-chunk positions
+        # admitted, not forgotten positions - evicted ones included: the warm-up rule counts
+        # the prefix, so that a certified eviction cannot switch the gate off
+        self.prefix_size = [0] * batch_size
+        self.forgotten = [set() for _ in range(batch_size)]
+        self.multipliers = [[{} for _ in range(H)] for _ in range(batch_size)]
+        self.evicted = 0
+        self.over_budget = 0
+
+    # ------------------------------------------------------------------ deletion
+    def forget(self, b, position):
+        """Delete token ``position`` of sequence ``b`` (see the layers' ``forget``).
+
+        Returns ``"decremented"``, ``"masked"`` or ``"evicted"``; raises TypeError (not an
+        integer), IndexError (out of range, not seen) or KeyError (already forgotten) before
+        anything changes.
+        """
+        b, position = as_index("b", b), as_index("position", position)
+        self._check_forget(b, position)
+        self.forgotten[b].add(position)
+        if position in self.local[b]:
+            self._drop(b, position)  # never read nor admitted again
+            return "masked"
+        self.prefix_size[b] -= 1
+        outcome = "evicted"
+        for h, solver in enumerate(self.solvers[b]):
+            key_id = self.ids[b][h].pop(position, None)
+            if key_id is not None:
+                solver.remove(key_id)
+                outcome = "decremented"
+            self._refresh(b, h)
+        self._drop(b, position)
+        return outcome
+
+    def _check_forget(self, b, position):
+        """Raise unless token ``position`` of sequence ``b`` can be forgotten now."""
+        if not 0 <= b < self.batch_size:
+            raise IndexError(f"sequence {b} out of range for batch size {self.batch_size}")
+        if not 0 <= position < self.position:
+            raise IndexError(f"position {position} has not been seen (stream is at "
+                             f"{self.position})")
+        if position in self.forgotten[b]:
+            raise KeyError(f"position {position} of sequence {b} was already forgotten")
+
+    # ------------------------------------------------------------------ one token
+    def begin_token(self):
+        """Admit the finished chunk of every sequence when the next position starts a new
+        chunk; returns the position of the token being pushed."""
+        t = self.position
+        if t > 0 and t % self.chunk == 0:
+            for b in range(self.batch_size):
+                self._admit_chunk(b)
+        return t
+
+    def store(self, b, t, key, value):
+        """Store the key ((H, D), float64, CPU) and value (H, Dv) of token t of sequence b."""
+        self.keys[b][t] = key
+        self.values[b][t] = value
+        self.local[b].append(t)
+
+    def end_token(self):
+        """Move the stream to the next position (after every sequence stored its token)."""
+        self.position += 1
+
+    def read_sets(self, b, h, hybrid):
+        """Positions and multipliers read by a query of sequence b, head h: the gated prefix
+        (multiplier > 0), then, for the hybrid, the current chunk at multiplier 1."""
+        prefix = [p for p, m in self.multipliers[b][h].items() if m > 0]
+        mult = [self.multipliers[b][h][p] for p in prefix]
+        if hybrid:
+            local = [p for p in self.local[b] if p not in self.forgotten[b]]
+            prefix, mult = prefix + local, mult + [1.0] * len(local)
+        return prefix, mult
+
+    # ------------------------------------------------------------------ internals
+    def _drop(self, b, position):
+        """Forget the stored key and value of a position no head and no later read needs."""
+        self.keys[b].pop(position, None)
+        self.values[b].pop(position, None)
+
+    def _refresh(self, b, h):
+        """Multipliers of the admitted keys: a / C when the gate is on, else 1."""
+        solver = self.solvers[b][h]
+        mult = {}
+        if solver.certified and self.prefix_size[b] >= warmup_size(self.C):
+            position_of = {i: p for p, i in self.ids[b][h].items()}
+            for key_id, a in zip(solver.ids, solver.alpha, strict=True):
+                mult[position_of[int(key_id)]] = a / self.C
+        else:
+            mult = {p: 1.0 for p in self.ids[b][h]}
+        self.multipliers[b][h] = mult
+
+    def _admit_chunk(self, b):
+        """Admit the finished chunk of sequence b, evict over the budget, drop unheld keys."""
+        for p in self.local[b]:
+            if p in self.forgotten[b]:
+                self._drop(b, p)
+                continue
+            for h, solver in enumerate(self.solvers[b]):
+                self.ids[b][h][p] = solver.add(np.asarray(self.keys[b][p][h]))
+            self.prefix_size[b] += 1
+        self.local[b] = []
+        evicted = set()
+        for h in range(len(self.solvers[b])):
+            evicted.update(self._evict(b, h))
+            self._refresh(b, h)
+        for p in evicted:  # a key evicted from one head may still be held by another
+            if not any(p in ids for ids in self.ids[b]):
+                self._drop(b, p)
+
+    def _evict(self, b, h):
+        """Certified eviction of head h's reserve keys above the budget; their positions."""
+        solver = self.solvers[b][h]
+        if self.budget is None or len(solver) <= self.budget:
+            return []
+        position_of = {i: p for p, i in self.ids[b][h].items()}
+        positions = [position_of[int(key_id)] for key_id in solver.evict_reserve()]
+        for p in positions:
+            del self.ids[b][h][p]
+        self.evicted += len(positions)
+        if len(solver) > self.budget:
+            self.over_budget += 1
+        return positions
+
+    def state_summary(self):
+        """Admitted keys per (sequence, head), stored keys per sequence, evictions and budget
+        overruns."""
+        return {
+            "position": self.position,
+            "admitted": np.array([[len(s) for s in row] for row in self.solvers]),
+            "stored": np.array([len(keys) for keys in self.keys]),
+            "evicted": self.evicted,
+            "over_budget": self.over_budget,
+        }

@@ -1,0 +1,311 @@
+r"""SV-Attention sequence ops: the chunk-frozen SVDD gate and its two readouts.
+
+Layout ``[B, T, H, D]`` (as every op in :mod:`svtoolkit.torch.ops`). Forgetful Attention
+(arXiv:2607.12204), §3.5, Fig. 2, App. C. The sequence is cut into chunks of ``chunk``
+tokens; chunk ``c`` starts at ``s_c = c * chunk``. The gate of chunk ``c`` (c >= 1) is the
+SVDD dual of the keys of its causal prefix ``[0, s_c)``:
+
+.. math:: \min_a a^T K a - \operatorname{diag}(K)^T a,\quad \sum_i a_i = 1,\ 0 \le a_i \le C,
+          \qquad K_{ij} = \exp(-\|k_i - k_j\|^2 / \sigma^2).
+
+Its coefficients enter the readouts as the *multipliers* ``m_i = a_i / C`` in [0, 1]: error
+(atypical) keys are read at full weight, margin keys partly, reserve (redundant) keys not at
+all. Dividing by the fixed C, not by the prefix length, keeps a certified eviction (which
+removes keys with ``a_i = 0``) from changing any multiplier. While a prefix holds fewer than
+``ceil(1/C) + 2`` keys (warm-up), or when the batched solve flags a problem invalid, the gate is
+off and every multiplier is 1.
+
+* **Chunk-frozen RBF readout** (:func:`sv_rbf_readout`): query t of chunk c reads its prefix,
+  ``o_t = sum_i m_i k(q_t, k_i) v_i / sum_i m_i k(q_t, k_i)`` over ``i < s_c``; chunk 0 (empty
+  prefix) outputs 0.
+* **Hybrid readout** (:func:`sv_hybrid_readout`): a learned q.k softmax over all of ``[0, t]``;
+  prefix keys are multiplied by their gate multiplier, keys of the query's own chunk (up to t)
+  by 1 - ``o_t = sum_i w_i v_i / sum_i w_i``, ``w_i = m_i exp(q_t . k_i / sqrt(D))``.
+
+Two ways to get the coefficients:
+
+* :func:`sv_gate` - the batched **training path** (FISTA partition finder + 1e-3-ridged
+  bordered solve, differentiable by autograd; approximate, **no certificate**);
+* :func:`exact_sv_gate` - the **exact path**: one :class:`svtoolkit.IncrementalSVDD` per
+  (sequence, head), admitting each chunk's keys at its boundary (fp64; certified; no gradient).
+
+``exclude`` (B, T) bool removes tokens from everything: they are never admitted to a gate and
+never read (the semantics of deleting a token, see :mod:`svtoolkit.torch.layers.sv`).
+
+Only the tensor algebra is here: the options, the rules (chunk ends, warm-up size) and the exact
+prefix gates are framework-neutral (:mod:`svtoolkit._gate_core`) and shared with the MLX twin
+(:mod:`svtoolkit.mlx.ops`). The module was called ``sv_attention``; that name is kept as an
+alias (``svtoolkit.torch.ops.sv_attention``), but the function :func:`svtoolkit.torch.sv_attention`
+is another thing (the set-level readout).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..._gate_core import (
+    GateOptions,
+    GateResult,
+    bad_exclude,
+    chunk_ends,
+    exact_prefix_gates,
+    warmup_size,
+)
+from ..._rules import BATCHED_PARTITION_TOL, POWER_ITERS, RIDGE
+from ..batched import fista_svdd, partition_masks, ridged_svdd_solve
+
+__all__ = [
+    "SVGate",
+    "chunk_ends",
+    "warmup_size",
+    "rbf_gram",
+    "sv_gate",
+    "exact_sv_gate",
+    "sv_rbf_readout",
+    "sv_hybrid_readout",
+]
+
+
+@dataclass(frozen=True)
+class SVGate(GateResult):
+    """Gate coefficients at every chunk boundary (torch tensors).
+
+    Attributes
+    ----------
+    alpha : Tensor of shape (B, H, J, P)
+        Coefficients of boundary j over the keys ``[0, ends[j])`` (0 beyond), P = ends[-1].
+    gated : Tensor of shape (B, H, J), bool
+        False where the gate is off (warm-up, invalid problem): multipliers are then 1.
+    ends : list of int
+        Prefix ends ``s_c = c * chunk`` of the chunks c = 1 .. J.
+    C : float
+    exact : bool
+        True when the coefficients come from the exact fp64 solver.
+    """
+
+    def multipliers(self):
+        """(B, H, J, P): ``a / C`` where gated, 1 where not, 0 beyond each prefix."""
+        B, H, J, P = self.alpha.shape
+        inside = torch.arange(P, device=self.alpha.device)[None, :] < torch.tensor(
+            self.ends, device=self.alpha.device
+        )[:, None]
+        ones = inside.to(self.alpha.dtype).expand(B, H, J, P)
+        # the ridged (approximate) coefficients can dip below 0: such keys are not read
+        return torch.where(self.gated[..., None], (self.alpha / self.C).clamp_min(0.0), ones)
+
+
+def rbf_gram(a, b, sigma):
+    """``exp(-||a_i - b_j||^2 / sigma^2)`` for a (..., T, D), b (..., S, D) -> (..., T, S).
+
+    Uses ``|a|^2 + |b|^2 - 2 a.b`` (one matrix product; clamped at 0) - fast and differentiable
+    everywhere, accurate to the dtype's rounding of the squared norms. This is deliberately not
+    the coordinate-wise kernel of :func:`svtoolkit.rbf_kernel`: the training path runs in
+    float32 on (B H, P, P) blocks, where the expansion is one batched matrix product and its
+    rounding (about eps |k|^2 / sigma^2) is far below the batched gate's own approximation.
+    The RBF readout uses it for the query-key weights too, on the exact path as well (its
+    coefficients are exact; its readout weights are at this rounding).
+    """
+    sq = (a * a).sum(-1)[..., :, None] + (b * b).sum(-1)[..., None, :]
+    sq = sq - 2.0 * (a @ b.transpose(-1, -2))
+    return torch.exp(-sq.clamp_min(0.0) / (sigma * sigma))
+
+
+def _keep(exclude, B, T, device):
+    if exclude is None:
+        return torch.ones(B, T, dtype=torch.bool, device=device)
+    if (not isinstance(exclude, torch.Tensor) or tuple(exclude.shape) != (B, T)
+            or exclude.dtype != torch.bool):
+        raise bad_exclude(exclude, (B, T))
+    return ~exclude.to(device)
+
+
+def _prefix_fista(K, keep, ends, C, iters):
+    """FISTA on every (sequence-head, boundary) prefix problem. K (G, P, P) detached, keep
+    (G, P) bool -> alpha (G, J, P). Fused Numba kernel on CPU (reads K in place)."""
+    G, P, _ = K.shape
+    J = len(ends)
+    if K.device.type == "cpu":
+        from ..._fista import fista_prefix_batch
+
+        K_np = K.contiguous().numpy()
+        out = np.empty((G, J, P), dtype=K_np.dtype)
+        fista_prefix_batch(K_np, keep.contiguous().numpy(), np.asarray(ends, dtype=np.int64),
+                           C, iters, POWER_ITERS, False, out)
+        return torch.from_numpy(out)
+    masks = _prefix_masks(keep, ends)  # (G, J, P)
+    alpha = fista_svdd(K[:, None].expand(G, J, P, P).reshape(G * J, P, P), C,
+                       mask=masks.reshape(G * J, P), iters=iters, backend="torch")
+    return alpha.view(G, J, P)
+
+
+def _prefix_masks(keep, ends):
+    P = keep.shape[-1]
+    inside = torch.arange(P, device=keep.device)[None, :] < torch.tensor(
+        ends, device=keep.device)[:, None]
+    return keep[:, None, :] & inside[None]
+
+
+def sv_gate(k, *, C, sigma, chunk, iters=80, ridge=RIDGE, tol=BATCHED_PARTITION_TOL,
+            exclude=None):
+    """Batched, differentiable (approximate) gate coefficients at every chunk boundary.
+
+    Parameters
+    ----------
+    k : Tensor of shape (B, T, H, D)
+        Keys (float32 or float64).
+    C, sigma : float
+        Box and RBF width of the gate.
+    chunk : int
+        Chunk length.
+    iters, ridge, tol : see :func:`svtoolkit.torch.fista_svdd`, :func:`ridged_svdd_solve`,
+        :func:`partition_masks` (checked by :class:`svtoolkit._gate_core.GateOptions`).
+    exclude : Tensor of shape (B, T), bool, optional
+
+    Returns
+    -------
+    SVGate
+        ``alpha`` differentiable in k through the ridged bordered solve (the partition found by
+        FISTA is held fixed); nothing here is certified.
+
+    Notes
+    -----
+    All B * H * J problems are solved in one batched call per stage; each problem's result
+    depends only on its own prefix (per-problem step sizes and stopping), so the layer is
+    exactly causal.
+    """
+    opts = GateOptions(C=C, sigma=sigma, chunk=chunk, iters=iters, ridge=ridge, tol=tol)
+    C, sigma, chunk, iters, ridge, tol = (opts.C, opts.sigma, opts.chunk, opts.iters,
+                                          opts.ridge, opts.tol)
+    B, T, H, D = k.shape
+    ends = chunk_ends(T, chunk)
+    J = len(ends)
+    if J == 0:
+        empty = k.new_zeros(B, H, 0, 0)
+        return SVGate(empty, torch.zeros(B, H, 0, dtype=torch.bool, device=k.device), ends, C,
+                      False)
+    P = ends[-1]
+    keys = k[:, :P].transpose(1, 2)  # (B, H, P, D)
+    gram = rbf_gram(keys, keys, sigma).reshape(B * H, P, P)
+    keep = _keep(exclude, B, T, k.device)[:, :P]
+    keep_g = keep[:, None, :].expand(B, H, P).reshape(B * H, P)
+    alpha0 = _prefix_fista(gram.detach(), keep_g, ends, C, iters)
+    masks = _prefix_masks(keep_g, ends)  # (G, J, P)
+    alphas, gated = [], []
+    for j in range(J):
+        margin, error = partition_masks(alpha0[:, j], C, tol=tol, mask=masks[:, j])
+        a, _, valid = ridged_svdd_solve(gram, C, margin, error, ridge=ridge, mask=masks[:, j])
+        count = masks[:, j].sum(-1)
+        alphas.append(a)
+        gated.append(valid & (count >= warmup_size(C)))
+    alpha = torch.stack(alphas, 1).view(B, H, J, P)
+    return SVGate(alpha, torch.stack(gated, 1).view(B, H, J), ends, C, False)
+
+
+def exact_sv_gate(k, *, C, sigma, chunk, exclude=None):
+    """Gate coefficients from the exact fp64 solver (one IncrementalSVDD per sequence and head).
+
+    Each chunk's keys are admitted at its end by exact increments; the coefficients at every
+    boundary are the exact optimum of the prefix (certified once ``n C >= 1``). No gradient.
+
+    Returns
+    -------
+    SVGate
+        ``alpha`` in float64 on k's device; ``exact=True``.
+
+    Notes
+    -----
+    The solves are :func:`svtoolkit._gate_core.exact_prefix_gates` (NumPy), shared with MLX.
+    """
+    opts = GateOptions(C=C, sigma=sigma, chunk=chunk)
+    B, T, H, D = k.shape
+    ends = chunk_ends(T, opts.chunk)
+    keep = _keep(exclude, B, T, k.device).cpu().numpy()
+    keys = k.detach().to(dtype=torch.float64, device="cpu").numpy()
+    alpha, gated = exact_prefix_gates(keys, keep, opts.C, opts.sigma, ends)
+    return SVGate(torch.from_numpy(alpha).to(k.device), torch.from_numpy(gated).to(k.device),
+                  ends, opts.C, True)
+
+
+def _rows_of(table, T, chunk):
+    """(B, H, J, P) per-boundary rows -> (B, H, T, T) per query (chunk 0: zeros)."""
+    B, H, J, P = table.shape
+    padded = table.new_zeros(B, H, J + 1, T)
+    padded[:, :, 1:, :P] = table
+    chunk_of = torch.arange(T, device=table.device) // chunk
+    return padded.index_select(2, chunk_of)
+
+
+def _safe_ratio(num, den):
+    """num / den with 0 where den is 0 (never NaN, also in the backward pass)."""
+    ok = den > 0
+    return torch.where(ok[..., None], num / torch.where(ok, den, torch.ones_like(den))[..., None],
+                       torch.zeros_like(num))
+
+
+def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
+    """Chunk-frozen RBF readout: query t reads the gate of its prefix (chunk 0 outputs 0).
+
+    Parameters
+    ----------
+    q, k : Tensor of shape (B, T, H, D)
+    v : Tensor of shape (B, T, H, Dv)
+    gate : SVGate
+    sigma : float
+    chunk : int
+    exclude : Tensor of shape (B, T), bool, optional
+
+    Returns
+    -------
+    Tensor of shape (B, T, H, Dv)
+    """
+    B, T, H, D = q.shape
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    weights = rbf_gram(qh, kh, sigma) * _rows_of(gate.multipliers().to(q.dtype), T, chunk)
+    weights = weights * _keep(exclude, B, T, q.device)[:, None, None, :].to(q.dtype)
+    out = _safe_ratio(weights @ vh, weights.sum(-1))
+    return out.transpose(1, 2)
+
+
+def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None):
+    """Hybrid readout: causal q.k softmax over [0, t], prefix keys times their multipliers.
+
+    Parameters
+    ----------
+    q, k : Tensor of shape (B, T, H, D)
+    v : Tensor of shape (B, T, H, Dv)
+    gate : SVGate
+    chunk : int
+    scale : float, optional
+        Logit scale (default ``1 / sqrt(D)``).
+    exclude : Tensor of shape (B, T), bool, optional
+
+    Returns
+    -------
+    Tensor of shape (B, T, H, Dv)
+
+    Notes
+    -----
+    ``w_ti = m_ti exp(q_t . k_i * scale)`` with ``m_ti`` the gate multiplier of key i at the
+    boundary of t's chunk for ``i < s_c`` and 1 for ``s_c <= i <= t``; ``o_t = sum w v / sum w``.
+    The first chunk and ungated boundaries are plain causal softmax.
+    """
+    B, T, H, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    logits = (qh @ kh.transpose(-1, -2)) * scale
+    t = torch.arange(T, device=q.device)
+    causal = t[None, :] <= t[:, None]
+    local = causal & (t[None, :] >= (t[:, None] // chunk) * chunk)
+    prefix = _rows_of(gate.multipliers().to(q.dtype), T, chunk)
+    mult = torch.where(local, torch.ones_like(prefix), prefix) * causal.to(q.dtype)
+    mult = mult * _keep(exclude, B, T, q.device)[:, None, None, :].to(q.dtype)
+    allowed = mult > 0
+    top = torch.where(allowed, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
+    weights = mult * torch.exp(torch.where(allowed, logits - top, torch.zeros_like(logits)))
+    out = _safe_ratio(weights @ vh, weights.sum(-1))
+    return out.transpose(1, 2)

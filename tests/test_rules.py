@@ -1,0 +1,213 @@
+"""The shared rules (svtoolkit._rules), the scalar validators and the ahead-of-time warm-up."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from svtoolkit import _rules
+from svtoolkit._validation import check_int, check_option, check_positive, check_real
+
+PACKAGE = Path(__file__).resolve().parent.parent / "svtoolkit"
+
+
+# ------------------------------------------------------------------------------ rules module
+def test_rules_module_has_constants_only_and_no_imports():
+    tree = ast.parse((PACKAGE / "_rules.py").read_text())
+    for node in tree.body:
+        assert not isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                     ast.ClassDef)), ast.dump(node)[:80]
+    names = [n for n in vars(_rules) if n.isupper()]
+    assert {"FEASIBILITY_TOL", "FEASIBLE_FROM", "BATCHED_PARTITION_TOL",
+            "IPM_PARTITION_TOL", "RIDGE", "POWER_ITERS", "PROJECTION_MAX_ITER"} <= set(names)
+
+
+def test_every_rule_has_a_reason_comment():
+    """Each constant is preceded by a ``#:`` comment (its reason), in the source."""
+    lines = (PACKAGE / "_rules.py").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line and line[0].isupper() and " = " in line:
+            assert lines[i - 1].startswith("#:"), line
+
+
+def test_feasibility_tolerance_is_one_home():
+    """No module retypes the feasibility tolerance or imports it from the private walk."""
+    from svtoolkit.exact import _walk
+
+    assert _walk.FEASIBILITY_TOL is _rules.FEASIBILITY_TOL
+    assert _rules.FEASIBLE_FROM == 1.0 - _rules.FEASIBILITY_TOL
+    users = ["_fista.py", "_gate_core.py", "reference.py", "torch/batched.py",
+             "torch/exact_gate.py", "mlx/batched.py", "mlx/ops.py", "torch/ops/chunked_sv.py"]
+    for name in users:
+        text = (PACKAGE / name).read_text()
+        assert "_walk import FEASIBILITY_TOL" not in text, name
+        for literal in ("1.0 - 1e-12", "> 1e-12", "1e-12) + 2"):
+            assert literal not in text, (name, literal)
+
+
+def test_the_two_partition_thresholds_have_different_names():
+    assert _rules.BATCHED_PARTITION_TOL == 1e-3 and _rules.IPM_PARTITION_TOL == 1e-6
+
+
+def test_feasibility_slack_covers_the_rounding_of_one_over_n():
+    """``n * (1 / n)`` rounds below 1 for some n; the rule still calls C = 1/n feasible."""
+    short = [n for n in range(1, 250) if n * (1.0 / n) < 1.0]
+    assert short[:3] == [49, 98, 103]
+    assert all(n * (1.0 / n) >= _rules.FEASIBLE_FROM for n in range(1, 10_000))
+
+
+# ------------------------------------------------------------------------------ validators
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: check_int(True, "chunk", min=1), TypeError, "chunk must be an int; got bool"),
+    (lambda: check_int(2.0, "chunk", min=1), TypeError, "chunk must be an int; got float"),
+    (lambda: check_int(0, "chunk", min=1), ValueError, "chunk must be >= 1; got 0"),
+    (lambda: check_int(9, "k", max=8), ValueError, "k must be <= 8; got 9"),
+    (lambda: check_real("a", "C"), TypeError, "C must be a real number; got str"),
+    (lambda: check_real(math.nan, "ridge", min=0), ValueError,
+     "ridge must be finite and >= 0; got nan"),
+    (lambda: check_real(0.5, "tol", min=0.0, max=0.5, include_max=False), ValueError,
+     r"tol must be finite and in \[0.0, 0.5\); got 0.5"),
+    (lambda: check_positive(0, "C"), ValueError, "C must be finite and > 0; got 0.0"),
+    (lambda: check_option("gpu", "backend", ("auto", "torch")), ValueError,
+     "backend must be 'auto' or 'torch'; got 'gpu'"),
+])
+def test_validators_name_the_argument_and_the_constraint(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_validators_accept_and_convert():
+    assert check_int(np.int64(3), "n", min=1) == 3 and type(check_int(np.int64(3), "n")) is int
+    assert check_real(np.float32(0.25), "C", min=0) == 0.25
+    assert check_real(0.0, "tol", min=0.0, max=0.5, include_max=False) == 0.0
+    assert check_option("auto", "backend", ("auto", "torch")) == "auto"
+
+
+# ------------------------------------------------------------------------------ warm-up
+def _dispatchers(module):
+    import numba
+
+    return {name: obj for name, obj in vars(module).items()
+            if isinstance(obj, numba.core.registry.CPUDispatcher)
+            and obj.__module__ == module.__name__}
+
+
+def _module_name(path):
+    """(module, package) of a file of the package, e.g. ("svtoolkit.exact._walk",
+    "svtoolkit.exact")."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), ".".join(parts[:-1])
+    return ".".join(parts), ".".join(parts[:-1])
+
+
+def _absolute(package, node):
+    """The absolute module of ``from <node.module> import ...`` in a module of ``package``."""
+    if node.level == 0:
+        return node.module or ""
+    parts = package.split(".")
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _is_kernel(func):
+    return any("njit" in ast.unparse(d) for d in func.decorator_list)
+
+
+def _python_calls(path, kernels):
+    """Kernels called from plain Python code (outside any @njit function) in one file."""
+    module, package = _module_name(path)
+    tree = ast.parse(path.read_text())
+    aliases, names = {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(package, node)
+            for a in node.names:
+                target = f"{source}.{a.name}"
+                if target in kernels:
+                    names[a.asname or a.name] = target
+                else:
+                    aliases[a.asname or a.name] = target
+    own = {f"{module}.{n.name}" for n in tree.body if isinstance(n, ast.FunctionDef)}
+    found = set()
+
+    def visit(node):
+        if isinstance(node, ast.FunctionDef) and _is_kernel(node):
+            return
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                target = f"{aliases.get(f.value.id, '')}.{f.attr}"
+                if target in kernels:
+                    found.add(target)
+            elif isinstance(f, ast.Name):
+                target = names.get(f.id, f"{module}.{f.id}")
+                if target in kernels and (f.id in names or target in own):
+                    found.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _entry_points():
+    """Kernels that plain Python code of the package calls (the warm-up must compile those;
+    kernels called only from other kernels are compiled with their callers)."""
+    from svtoolkit.exact._warmup import kernel_modules
+
+    kernels = {f"{m.__name__}.{name}" for m in kernel_modules() for name in _dispatchers(m)}
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        found |= _python_calls(path, kernels)
+    return sorted(found)
+
+
+def test_kernel_modules_list_every_module_with_a_kernel():
+    from svtoolkit.exact._warmup import kernel_modules
+
+    listed = {m.__file__ for m in kernel_modules()}
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.FunctionDef) and _is_kernel(n) for n in ast.walk(tree)):
+            assert str(path) in listed, path
+
+
+def test_warmup_compiles_every_entry_point_in_a_fresh_process():
+    """In a new interpreter, after ``svtoolkit.warmup()`` every kernel that Python code calls
+    has a compiled signature (cache loads count), and the top-level name still works."""
+    entry = _entry_points()
+    for name in ("svtoolkit.exact._walk.walk", "svtoolkit._fista.fista_batch",
+                 "svtoolkit._fista.fista_prefix_batch", "svtoolkit.kernels._gram"):
+        assert name in entry, name
+    script = (
+        "import importlib, json, svtoolkit\n"
+        "svtoolkit.warmup()\n"
+        f"names = {entry!r}\n"
+        "bad = []\n"
+        "for full in names:\n"
+        "    mod, name = full.rsplit('.', 1)\n"
+        "    d = getattr(importlib.import_module(mod), name)\n"
+        "    sigs = [str(s) for s in d.signatures]\n"
+        "    if not sigs: bad.append(full)\n"
+        "    if name.startswith('fista') and not ("
+        "any('float32' in s for s in sigs) and any('float64' in s for s in sigs)):\n"
+        "        bad.append(full + ' (both dtypes)')\n"
+        "print(json.dumps(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=900)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_jit_module_imports_no_kernel_module():
+    tree = ast.parse((PACKAGE / "_jit.py").read_text())
+    top_imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert all(getattr(node, "level", 0) == 0 for node in top_imports)
