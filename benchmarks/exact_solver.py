@@ -14,10 +14,17 @@ nu = 0.4, C = 1 / (nu n) fixed. In one run:
   deletion is a correct one; the scikit-learn refit's own |Delta f| (mapped to the SVDD scale,
   f_svdd = 2 / (nu n) f_sklearn) is reported beside it.
 
+A second table, **builds and large margin sets**: for n in {512, 2048} and sigma = median
+distance x {1, 0.3, 0.1} (the last gives |S| close to n), ``extend`` of all n keys into an empty
+solver (the bulk path: SMO on the Gram matrix and an exact landing) against a scikit-learn fit
+of the same keys and, at n = 512, against the walk replaying the keys one at a time; then the
+median exact deletion against a scikit-learn refit. The bulk build's partition and coefficients
+are checked against the walked build where it is timed (n = 512).
+
 JIT compilation is excluded (svtoolkit.warmup() and one untimed call of each peer first).
 
 Usage: python benchmarks/exact_solver.py [--sizes 120 256 512 1024] [--deletions 45]
-       [--refits 10]
+       [--refits 10] [--build-sizes 512 2048] [--build-runs 3]
 Writes benchmarks/results/exact_solver.json and exact_solver.md.
 """
 
@@ -158,12 +165,75 @@ def _build(X, C, sigma):
     return s
 
 
+def _walked_build(X, C, sigma):
+    import svtoolkit.exact.solver as solver_module
+
+    saved = solver_module.BULK_MIN_KEYS
+    solver_module.BULK_MIN_KEYS = len(X) + 1
+    try:
+        return _build(X, C, sigma)
+    finally:
+        solver_module.BULK_MIN_KEYS = saved
+
+
+def run_build(n, scale, runs, seed):
+    """One row of the builds / large-margin-set table (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, D))
+    sigma = scale * median_distance(X[:512])
+    C = 1.0 / (NU * n)
+    builds, fits = [], []
+    for _ in range(runs):
+        solver, dt = timed(_build, X, C, sigma)
+        builds.append(dt)
+        fits.append(timed(sklearn_refit, X, C, sigma)[1])
+    row = {"n": n, "sigma_scale": scale, "sigma": sigma, "C": C,
+           "margin": len(solver.margin_ids), "bulk_built": solver.n_bulk_builds == 1,
+           "extend": stats(builds), "sklearn_fit": stats(fits),
+           "extend_over_sklearn": float(np.median(builds) / np.median(fits)),
+           "kkt_residual": solver.kkt_residual()}
+    if n <= 512:
+        walked, dt = timed(_walked_build, X, C, sigma)
+        row["walked_extend_seconds"] = dt
+        row["bulk_vs_walk_max_abs_dalpha"] = float(np.max(np.abs(walked.alpha - solver.alpha)))
+        row["bulk_vs_walk_same_partition"] = bool(
+            np.array_equal(walked.margin_ids, solver.margin_ids)
+            and np.array_equal(walked.error_ids, solver.error_ids))
+    deletions = []
+    for _ in range(max(5, runs)):
+        victim = int(solver.margin_ids[rng.integers(len(solver.margin_ids))]) \
+            if len(solver.margin_ids) else int(solver.ids[0])
+        deletions.append(timed(solver.remove, victim)[1])
+        solver.add(rng.standard_normal(D))  # untimed: keep n fixed
+    row["delete_margin"] = stats(deletions)
+    row["sklearn_refit_over_delete"] = float(np.median(fits) / np.median(deletions))
+    return row
+
+
+def build_table(rows):
+    lines = [
+        "| n | sigma / median | \|S\| | extend (bulk) s | sklearn fit s | extend / sklearn "
+        "| walked extend s | delete ms | sklearn refit / delete | KKT |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        walked = f"{r['walked_extend_seconds']:.2f}" if "walked_extend_seconds" in r else "—"
+        lines.append(
+            f"| {r['n']} | {r['sigma_scale']} | {r['margin']} | {r['extend']['median']:.3f} "
+            f"({r['extend']['min']:.3f}-{r['extend']['max']:.3f}) "
+            f"| {r['sklearn_fit']['median']:.3f} | {r['extend_over_sklearn']:.1f}× | {walked} "
+            f"| {fmt_ms(r['delete_margin']['median'])} | {r['sklearn_refit_over_delete']:.1f}× "
+            f"| {r['kkt_residual']:.0e} |")
+    return "\n".join(lines)
+
+
 def warm_up():
     svtoolkit.warmup()
     X = np.random.default_rng(0).standard_normal((40, D))
     cvxpy_refit(X, 0.1, 2.0)
     sklearn_refit(X, 0.1, 2.0)
     solve_svdd(rbf_kernel(X, sigma=2.0), 0.1)
+    _build(np.random.default_rng(1).standard_normal((100, D)), 0.05, 1.0)  # the bulk path
 
 
 def table(results):
@@ -197,6 +267,8 @@ def main(argv=None):
     parser.add_argument("--sizes", type=int, nargs="+", default=[120, 256, 512, 1024])
     parser.add_argument("--deletions", type=int, default=45)
     parser.add_argument("--refits", type=int, default=10)
+    parser.add_argument("--build-sizes", type=int, nargs="*", default=[512, 2048])
+    parser.add_argument("--build-runs", type=int, default=3)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*Solution may be inaccurate.*")
     warm_up()
@@ -208,15 +280,23 @@ def main(argv=None):
               f"sklearn/delete {r['ratio_refit_over_active_delete']['sklearn']:.0f}×, "
               f"cvxpy/delete {r['ratio_refit_over_active_delete']['cvxpy_clarabel']:.0f}×",
               flush=True)
+    builds = []
+    for n in args.build_sizes:
+        for scale in (1.0, 0.3, 0.1):
+            r = run_build(n, scale, args.build_runs, seed=n + 1)
+            builds.append(r)
+            print(f"n={n} sigma x{scale}: |S|={r['margin']} extend/sklearn "
+                  f"{r['extend_over_sklearn']:.1f}x, refit/delete "
+                  f"{r['sklearn_refit_over_delete']:.1f}x", flush=True)
     payload = {"benchmark": "exact_solver", "machine": machine_info(),
                "setup": {"d": D, "nu": NU, "sigma": "median pairwise distance",
                          "C": "1 / (nu n), fixed", "deletions_per_size": args.deletions,
                          "refits_per_size": args.refits,
                          "timing": "perf_counter, gc paused, medians (min/max in JSON); "
                                    "JIT compile excluded"},
-               "results": results}
+               "results": results, "builds": builds}
     path = write_json("exact_solver", payload)
-    md = table(results)
+    md = table(results) + "\n\nBuilds and large margin sets:\n\n" + build_table(builds)
     write_text("exact_solver.md", md + "\n")
     print(md)
     print(f"wrote {path}")

@@ -16,19 +16,33 @@ Public API re-exported here:
 Submodules imported explicitly (``import svtoolkit.torch``): :mod:`svtoolkit.reference` (cvxpy
 interior-point reference, extra ``verify``), :mod:`svtoolkit.torch` and :mod:`svtoolkit.mlx`
 (framework layers, extras ``torch`` / ``mlx``), :mod:`svtoolkit.selection`,
-:mod:`svtoolkit.data`, :mod:`svtoolkit.corpora`, :mod:`svtoolkit.embeddings` (extra ``text``).
+:mod:`svtoolkit.data`, :mod:`svtoolkit.corpora`, :mod:`svtoolkit.embeddings` (extra ``text``),
+:mod:`svtoolkit.sklearn` (the scikit-learn estimator ``IncrementalOneClassSVM``, extra
+``verify``), :mod:`svtoolkit.tasks` (the papers' synthetic tasks), :mod:`svtoolkit.sweep`
+(sweeps in process, on joblib or on Dask, resumable).
 """
 
-from ._jit import warmup
 from .exact import IncrementalSVDD, MarginSystem, SolverFailure
+from .exact._warmup import warmup
 from .kernels import rbf_kernel
 
 # --- forgettable memory --------------------------------------------------------------------
-from .memory import BudgetExceededWarning, DeletionReceipt, ForgettableMemory, Hit, MemoryFileError
+from .memory import (
+    AddResult,
+    BudgetExceededWarning,
+    DeletionReceipt,
+    DurabilityWarning,
+    ForgettableMemory,
+    Hit,
+    MemoryAuthenticationError,
+    MemoryFileError,
+    verify_receipt,
+)
 
 __version__ = "0.1.0.dev0"
 
 __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "rbf_kernel", "warmup",
            "__version__",
            "ForgettableMemory", "DeletionReceipt", "Hit", "MemoryFileError",
-           "BudgetExceededWarning"]
+           "BudgetExceededWarning", "AddResult", "DurabilityWarning", "MemoryAuthenticationError",
+           "verify_receipt"]

@@ -12,22 +12,31 @@ name        shape              meaning
 Xt          (d, cap)           keys, one column per slot (vectorisable distance loops)
 ids         (cap,) int64       stable ids; the virtual anchor has id -1
 alpha       (cap,)             coefficients a
-grad        (cap,)             g_i = 2 (K a)_i - K_ii + rho  (= f(x_i))
+grad        (cap,)             g_i = 2 (K' a)_i + rho'  (= f(x_i))
 status      (cap,) int8        RESERVE / MARGIN / ERROR / MOVING
 spos        (cap,) int64       position in the margin list, -1 if not a margin point
 S           (mcap,) int64      margin list (slots), in bordered-system order
-KSt         (mcap, cap)        KSt[p, i] = k(x_{S[p]}, x_i): the columns K[:, S], each contiguous
-R           (mcap+1, mcap+1)   inverse of M = [[0, 1^T], [1, 2 K_SS]]
+KSt         (mcap, cap)        KSt[p, i] = K'(x_{S[p]}, x_i): the columns K'[:, S], each contiguous
+R           (mcap+1, mcap+1)   inverse of M' = [[0, 1^T], [1, 2 K'_SS]]
 blocked     (cap,) int64       epoch stamp: slot is dependent on the current S (see below)
-fs          (4,)               [rho, C, 1/sigma^2, smallest pivot of the current operation]
+fs          (4,)               [rho' = rho + 1, C, 1/sigma^2, smallest pivot of the operation]
 ist         (12,) int64        [n, m, anchor slot, epoch, last_left, last_joined,
                                 events, refused joins, current walk's slot and mode, repairs,
                                 event count at the last completed settle (-1: must settle)]
 ==========  =================  =========================================================
 
-The virtual anchor (EXACT_SOLVER_NOTES.md "Starting, and feasibility") is an ordinary slot with
-k(anchor, x) = 0 for every key, k(anchor, anchor) = 1 and no upper bound. It absorbs the mass the
-keys cannot hold while n C < 1 (warm-up).
+**The shifted kernel.** The walk runs on K' = K - 1 1^T, i.e. K'_ij = k(x_i, x_j) - 1, computed
+without cancellation (:func:`svtoolkit.kernels.rbf_row_minus_one`), with rho' = rho + 1. Under
+sum(a) = 1 this is the same problem with the same gradients: a^T K a = a^T K' a + 1 and
+2 (K a)_i - 1 + rho = 2 (K' a)_i + rho'. It matters for near keys: the information of a tight
+cluster lives in 1 - k ~ (distance / sigma)^2, which K keeps only to its absolute precision
+(~1e-16, so ~1e-7 relative at distances of 1e-4 sigma) and K' to full relative precision. The
+bordered systems are related by M = M' T with T = [[1, 2 1^T], [0, I]], so M^{-1} = T^{-1} M'^{-1}
+(see :meth:`IncrementalSVDD.margin_system`, which reports the unshifted inverse).
+
+The virtual anchor (docs/design.md, "warm-up") is an ordinary slot with k(anchor, x) = 0 for every
+key, k(anchor, anchor) = 1 and no upper bound, i.e. K'(anchor, x) = -1 and K'(anchor, anchor) = 0.
+It absorbs the mass the keys cannot hold while n C < 1 (warm-up).
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import njit
-from ..kernels import rbf_row
+from .._rules import FEASIBILITY_TOL
+from ..kernels import rbf_row_minus_one
 
 # --- status codes ------------------------------------------------------------------------------
 RESERVE = 0
@@ -63,8 +73,8 @@ KAPPA_TOL = 1e-8
 #: Error/reserve points whose gradient moves slower than this per unit step are not event
 #: candidates (their gradient changes by less than SENS_TOL * step, far below 1e-12).
 SENS_TOL = 1e-12
-#: n C >= 1 - FEASIBILITY_TOL counts as feasible; an anchor residue below it is snapped to 0.
-FEASIBILITY_TOL = 1e-12
+#: FEASIBILITY_TOL (svtoolkit._rules): n C >= 1 - tol counts as feasible; an anchor residue
+#: below it is snapped to 0.
 #: At rest, error/reserve points whose gradient has the wrong sign by more than
 #: max(REPAIR_MIN_TOL * max(C, 1), REPAIR_FACTOR * C * kappa_i) are relaxed by their own walk
 #: (kappa_i: the point's Schur complement against S; see :func:`worst_violator`).
@@ -83,6 +93,10 @@ CONSISTENCY_TOL = 1e-9
 POLISH_PIVOT = 1e-5
 #: ... and so does one whose inverse fails the probe max |R (M 1) - 1| <= PROBE_TOL.
 PROBE_TOL = 1e-11
+#: (The solver raises it per problem to 4x the probe of its last fresh factorisation, at most
+#: PROBE_TOL_MAX: at m = 2048 margin keys a freshly factorised inverse itself probes at 1.1e-11,
+#: and a polish that cannot improve the probe would otherwise run after every operation.)
+PROBE_TOL_MAX = 1e-9
 
 # ist indices
 _N, _M, _ANCHOR, _EPOCH, _LAST_LEFT, _LAST_JOINED, _EVENTS, _REFUSED = 0, 1, 2, 3, 4, 5, 6, 7
@@ -102,7 +116,7 @@ _EV_JOIN = 7  # an error or reserve point reaches g = 0 and joins S
 
 @njit
 def kernel_column(Xt, n, c, anchor, inv_sigma2, out):
-    """out[i] = k(x_i, x_c) for the first n slots (anchor rules applied).
+    """out[i] = k(x_i, x_c) - 1 for the first n slots (the shifted kernel; anchor rules applied).
 
     Parameters
     ----------
@@ -121,13 +135,13 @@ def kernel_column(Xt, n, c, anchor, inv_sigma2, out):
     """
     if c == anchor:
         for i in range(n):
-            out[i] = 0.0
-        out[c] = 1.0
+            out[i] = -1.0
+        out[c] = 0.0
         return
-    rbf_row(Xt, n, Xt[:, c], inv_sigma2, out)
+    rbf_row_minus_one(Xt, n, Xt[:, c], inv_sigma2, out)
     if anchor >= 0:
-        out[anchor] = 0.0
-    out[c] = 1.0
+        out[anchor] = -1.0
+    out[c] = 0.0
 
 
 @njit
@@ -162,7 +176,7 @@ def _schur(m, S, KSt, R, k, bk, vbuf):
         for j in range(m + 1):
             s += R[i, j] * vbuf[j]
         bk[i] = -s
-    kappa = 2.0  # 2 K_kk with K_kk = 1 (RBF and anchor alike)
+    kappa = 0.0  # 2 K_kk with K_kk = k(x, x) - 1 = 0 (RBF and anchor alike)
     for i in range(m + 1):
         kappa += vbuf[i] * bk[i]
     return kappa
@@ -172,7 +186,7 @@ def _schur(m, S, KSt, R, k, bk, vbuf):
 def _grow(R, m, bk, kappa):
     """R <- [[R, 0], [0, 0]] + (1/kappa) [bk; 1] [bk; 1]^T  (bordered size m+1 -> m+2)."""
     if m == 0:
-        R[0, 0] = -2.0
+        R[0, 0] = 0.0  # -2 K_kk
         R[0, 1] = 1.0
         R[1, 0] = 1.0
         R[1, 1] = 0.0
@@ -280,6 +294,32 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
     ist[_SETTLED] = -1
     ist[_LAST_LEFT] = j
     ist[_EPOCH] += 1  # S shrank: points blocked as dependent on the old S may enter again
+    if fs[3] < POLISH_PIVOT and m > 1:
+        refresh_inverse_if_drifted(R, m - 1, S, KSt)
+
+
+@njit
+def refresh_inverse_if_drifted(R, m, S, KSt):
+    """Refactorise R from K'_SS when it fails the inverse probe (O(m^2), O(m^3) to refresh).
+
+    Called after a shrink of an operation that used a small pivot. The rank-one downdate
+    subtracts entries of size ~1 / pivot, so R can lose ~eps / pivot of absolute accuracy -
+    enough to break sum(a) = 1 along the next steps (measured 5e-8 per step on keys 3e-5 sigma
+    apart during warm-up). A factorised inverse solves the border row (the sum) to rounding.
+    """
+    w = np.empty(m + 1)
+    if inverse_probe_residual(R, m, S, KSt, w, w) <= PROBE_TOL:
+        return
+    M = np.zeros((m + 1, m + 1))
+    for p in range(m):
+        M[0, p + 1] = 1.0
+        M[p + 1, 0] = 1.0
+        for q in range(m):
+            M[p + 1, q + 1] = 2.0 * KSt[q, S[p]]
+    fresh = np.linalg.inv(M)
+    for i in range(m + 1):
+        for j in range(m + 1):
+            R[i, j] = fresh[i, j]
 
 
 @njit
@@ -567,7 +607,9 @@ def worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done):
         if v <= REPAIR_MIN_TOL * scale or v <= worst or (i < done.shape[0] and done[i]):
             continue
         if m > 0:
-            kappa = _schur(m, S, KSt, R, i, bk, vbuf)
+            # tolerated only while i is dependent on S (kappa_i < KAPPA_TOL): so at rest every
+            # sign violation outside `done` is below REPAIR_FACTOR * C * KAPPA_TOL
+            kappa = min(_schur(m, S, KSt, R, i, bk, vbuf), KAPPA_TOL)
             if v <= REPAIR_FACTOR * fs[1] * kappa:
                 continue
         worst = v
@@ -618,7 +660,7 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
 
 @njit
 def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-           fs, ist, max_events, max_repairs, polish_allowed):
+           fs, ist, max_events, max_repairs, polish_allowed, probe_tol):
     """Bring the state to rest in canonical form (one crossing per operation).
 
     Asks for a polish (NEED_POLISH, at most once: the caller polishes and calls again with
@@ -635,7 +677,7 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
             recenter_rho(alpha, grad, status, fs, ist[_N])
         return DONE
     if polish_allowed and (
-        fs[3] < POLISH_PIVOT or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > PROBE_TOL
+        fs[3] < POLISH_PIVOT or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > probe_tol
     ):
         return NEED_POLISH
     code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
@@ -790,24 +832,36 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
 
 @njit
 def inverse_probe_residual(R, m, S, KSt, w, z):
-    """max |R (M v) - v| for v = 1: an O(m^2) check that R is still M's inverse."""
+    """max |R_K (M_K v) - v| for v = 1, M_K = [[0, 1^T], [1, 2 K_SS]] the unshifted bordered
+    matrix and R_K = T^{-1} R its inverse (module docstring): an O(m^2) check that R is still
+    the inverse, on the scale of the unshifted system. (Probing the shifted system directly
+    would read its own rounding as drift: on well-separated keys M' 1 has entries ~2m.)
+    ``w`` and ``z`` are scratch vectors of length >= m + 1 (they may be the same array only
+    when the caller does not need ``z``: ``z`` is written after ``w`` is read)."""
     if m == 0:
         return 0.0
     w[0] = m
     for p in range(m):
         s = 1.0
         for q in range(m):
-            s += 2.0 * KSt[q, S[p]]
+            s += 2.0 * (KSt[q, S[p]] + 1.0)
         w[p + 1] = s
     worst = 0.0
+    border = 0.0
+    first = 0.0
     for i in range(m + 1):
         s = 0.0
         for j in range(m + 1):
             s += R[i, j] * w[j]
+        if i == 0:
+            first = s
+            continue
+        border += s
         err = abs(s - 1.0)
         if err > worst:
             worst = err
-    return worst
+    err = abs(first - 2.0 * border - 1.0)  # row 0 of T^{-1} R: row_0 - 2 sum_p row_p
+    return max(worst, err)
 
 
 @njit
@@ -877,10 +931,10 @@ def _support(Xt, alpha, n, anchor):
 
 @njit
 def _weighted_kernel_sums(keys, coef, points, inv_sigma2, out):
-    """out[r] = sum_q coef[q] k(points[:, r], keys[:, q]) (points as columns)."""
+    """out[r] = sum_q coef[q] (k(points[:, r], keys[:, q]) - 1) (points as columns)."""
     row = np.empty(keys.shape[1])
     for r in range(points.shape[1]):
-        rbf_row(keys, keys.shape[1], points[:, r], inv_sigma2, row)
+        rbf_row_minus_one(keys, keys.shape[1], points[:, r], inv_sigma2, row)
         s = 0.0
         for q in range(keys.shape[1]):
             s += coef[q] * row[q]
@@ -888,23 +942,46 @@ def _weighted_kernel_sums(keys, coef, points, inv_sigma2, out):
 
 
 @njit
+def anchor_terms(alpha, n, anchor, out):
+    """Add the anchor's entries of the shifted kernel to out = sum_j a_j K'_ij (real j only).
+
+    K'(anchor, x) = -1 for every key and K'(anchor, anchor) = 0, so every key's sum loses
+    a_anchor and the anchor's own sum is minus the keys' mass.
+    """
+    if anchor < 0:
+        return
+    keys_mass = 0.0
+    for j in range(n):
+        if j != anchor:
+            keys_mass += alpha[j]
+    for i in range(n):
+        out[i] -= alpha[anchor]
+    out[anchor] = -keys_mass
+
+
+@njit
 def fresh_gradients(Xt, alpha, n, anchor, inv_sigma2, rho, out):
-    """out[i] = 2 sum_j a_j k(x_i, x_j) - 1 + rho from the keys (O(n |support| d))."""
+    """out[i] = 2 sum_j a_j K'_ij + rho' from the keys (O(n |support| d)); see the module
+    docstring for the shifted kernel K' = K - 1 and rho' = rho + 1."""
     keys, coef = _support(Xt, alpha, n, anchor)
     _weighted_kernel_sums(keys, coef, Xt[:, :n], inv_sigma2, out)
-    if anchor >= 0:
-        out[anchor] = alpha[anchor]  # k(anchor, x) = 0, k(anchor, anchor) = 1
+    anchor_terms(alpha, n, anchor, out)
     for i in range(n):
-        out[i] = 2.0 * out[i] - 1.0 + rho
+        out[i] = 2.0 * out[i] + rho
 
 
 @njit
 def decision(Qt, Xt, alpha, n, anchor, inv_sigma2, rho, out):
-    """f(q) = 2 sum_i a_i k(q, x_i) - 1 + rho for each column of Qt (anchor contributes 0)."""
+    """f(q) = 2 sum_i a_i K'(q, x_i) + rho' for each column of Qt (the anchor's K' is -1).
+
+    Equal to 2 sum_i a_i k(q, x_i) - 1 + rho (the anchor contributing 0) whenever
+    sum(a) = 1, and evaluated at a key it is that key's gradient.
+    """
     keys, coef = _support(Xt, alpha, n, anchor)
     _weighted_kernel_sums(keys, coef, Qt, inv_sigma2, out)
+    held = alpha[anchor] if anchor >= 0 else 0.0
     for r in range(Qt.shape[1]):
-        out[r] = 2.0 * out[r] - 1.0 + rho
+        out[r] = 2.0 * (out[r] - held) + rho
 
 
 @njit
@@ -919,9 +996,12 @@ def delete_slot(p, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, ist):
         ist[_ANCHOR] = -1
     ist[_N] = last
     if p == last:
+        for k in range(Xt.shape[0]):
+            Xt[k, p] = 0.0  # a deleted key leaves no copy in the buffers beyond n
         return -1
     for k in range(Xt.shape[0]):
         Xt[k, p] = Xt[k, last]
+        Xt[k, last] = 0.0
     ids[p] = ids[last]
     alpha[p] = alpha[last]
     grad[p] = grad[last]
@@ -941,7 +1021,7 @@ def delete_slot(p, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, ist):
 def insert_slot(x, new_id, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, kc, fs, ist,
                 is_anchor):
     """Append a slot for key x (or the anchor) with a = 0, status MOVING; fill its kernel
-    column (into kc), its entries of K[:, S], and its gradient g = 2 (K a) - 1 + rho."""
+    column (into kc), its entries of K'[:, S], and its gradient g = 2 (K' a) + rho'."""
     n = ist[_N]
     p = n
     for k in range(Xt.shape[0]):
@@ -960,5 +1040,5 @@ def insert_slot(x, new_id, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, 
     s = 0.0
     for j in range(n):
         s += alpha[j] * kc[j]
-    grad[p] = 2.0 * s - 1.0 + fs[0]
+    grad[p] = 2.0 * s + fs[0]
     return p

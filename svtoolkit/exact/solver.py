@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._validation import as_key, as_keys, check_positive, check_sigma, largest_violation
+from . import _bulk as B
 from . import _walk as W
 
 __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure"]
@@ -21,9 +22,43 @@ __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure"]
 #: that the vectorised Numba loop was measured faster).
 BLAS_FRESH_WORK = 20_000_000
 BLAS_FRESH_MIN_DIM = 128
+#: The matrix-product path is taken only while every key, centred on the support's mean, has
+#: ||x - c||^2 / sigma^2 at most this: the expansion |x|^2 + |y|^2 - 2 x.y then loses at most
+#: ~eps * 2 * BLAS_FRESH_MAX_SPREAD ~ 5e-14 of a scaled squared distance. Keys spread wider (or
+#: far from the origin without centring: a translated problem, or huge finite keys) take the
+#: coordinate-wise loop, which is exact for any finite keys.
+BLAS_FRESH_MAX_SPREAD = 100.0
+#: ``extend`` of at least BULK_MIN_KEYS and at most BULK_MAX_KEYS keys into an empty solver takes
+#: the bulk path (SMO on the Gram matrix, then an exact landing; ``svtoolkit.exact._bulk``); the
+#: cap bounds its O(n^2) Gram matrix (128 MiB at 4096 keys). Other batches replay the walk.
+BULK_MIN_KEYS = 64
+BULK_MAX_KEYS = 4096
+#: SMO coefficients within this fraction of C of a bound are read as at the bound.
+BULK_PARTITION_SNAP = 1e-9
+#: The bulk landing is accepted when its KKT residual (fresh) is at most this; otherwise the
+#: batch is replayed by the walk, so the bulk path never returns a worse state.
+BULK_KKT_TOL = 1e-12
 #: Audit thresholds: maintained gradients vs a fresh evaluation, and ||R M - I||_max.
 AUDIT_GRAD_TOL = 1e-10
 AUDIT_INVERSE_TOL = 1e-8
+
+
+def _unshifted_inverse(R_shifted):
+    """M^{-1} = T^{-1} M'^{-1} for M = [[0, 1^T], [1, 2 K_SS]], M' its shifted-kernel twin.
+
+    K = K' + 1 1^T gives M = M' T with T = [[1, 2 1^T], [0, I]]; T^{-1} only changes row 0:
+    row_0 - 2 sum_p row_p.
+    """
+    R = R_shifted.copy()
+    R[0] -= 2.0 * R_shifted[1:].sum(axis=0)
+    return R
+
+
+def _shifted_inverse(R):
+    """Inverse of :func:`_unshifted_inverse`: M'^{-1} = T M^{-1} (row 0 + 2 sum_p row_p)."""
+    R_shifted = R.copy()
+    R_shifted[0] += 2.0 * R[1:].sum(axis=0)
+    return R_shifted
 
 
 class SolverFailure(RuntimeError):
@@ -148,7 +183,8 @@ class IncrementalSVDD:
 
     with :math:`K_{ij} = \exp(-\|x_i - x_j\|^2/\sigma^2)`, under single-key admissions and
     deletions, by the Cauwenberghs-Poggio adiabatic walk with rank-one growth/shrink of the
-    bordered KKT inverse (paper 000 §3.2; DESIGN.md §1).
+    bordered KKT inverse (Cauwenberghs & Poggio, NeurIPS 2000; Forgetful Attention,
+    arXiv:2607.12204, §3.2; docs/design.md §1).
 
     Parameters
     ----------
@@ -177,7 +213,7 @@ class IncrementalSVDD:
       coefficient, no rho and no readout (:meth:`evict_reserve`).
     * **Exact unlearning.** :meth:`remove` walks the victim's coefficient to 0; the result is
       the optimum of the retained keys under the same C, i.e. what a fresh solve gives.
-    * **Degenerate cases** (DESIGN.md §2): an empty margin set moves rho alone and reports the
+    * **Degenerate cases** (docs/design.md §4): an empty margin set moves rho alone and reports the
       midpoint of rho's optimal interval at rest; simultaneous events are executed one at a
       time, ties broken by smallest id; a key numerically dependent on the margin set
       (Schur complement below ``KAPPA_TOL``) never enters it; warm-up uses a virtual anchor.
@@ -217,6 +253,8 @@ class IncrementalSVDD:
         self._ops_since_audit = 0
         self.n_refactorizations = 0
         self.n_polishes = 0
+        self.n_bulk_builds = 0
+        self._probe_tol = W.PROBE_TOL
         self.n_rebuilds = 0
         self._allocate(d=1, cap=16, mcap=8)
         self._d = None
@@ -397,10 +435,10 @@ class IncrementalSVDD:
         self._status[slot] = W.MARGIN
         self._spos[slot] = 0
         self._S[0] = slot
-        self._KSt[0, slot] = 1.0
-        self._R[:2, :2] = [[-2.0, 1.0], [1.0, 0.0]]
+        self._KSt[0, slot] = 0.0  # K'(anchor, anchor) = k - 1 = 0
+        self._R[:2, :2] = [[0.0, 1.0], [1.0, 0.0]]
         self._ist[W._M] = 1
-        self._fs[0] = -1.0  # g_anchor = 2 * 1 - 1 + rho = 0
+        self._fs[0] = 0.0  # g_anchor = 2 K'_aa a_a + rho' = rho' = 0, i.e. rho = -1
 
     def _feasible(self, n_real):
         return n_real * self._C >= 1.0 - W.FEASIBILITY_TOL
@@ -433,12 +471,13 @@ class IncrementalSVDD:
         self._grad[:n] = self._fresh_gradients()
         self._ist[W._SETTLED] = -1
 
-    def _settle(self):
-        """Bring the state to rest in canonical form (see ``_walk.settle``)."""
+    def _settle(self, polish_allowed=True):
+        """Bring the state to rest in canonical form (see ``_walk.settle``); a caller that has
+        just factorised the inverse and evaluated every gradient passes polish_allowed=False
+        (a polish would recompute the same)."""
         limit, repairs = self._event_limit(), 10 * self._n + 10
-        polish_allowed = True
         while True:
-            code = W.settle(*self._arrays(), limit, repairs, polish_allowed)
+            code = W.settle(*self._arrays(), limit, repairs, polish_allowed, self._probe_tol)
             if code == W.NEED_POLISH:
                 self._polish()
                 polish_allowed = False
@@ -449,6 +488,7 @@ class IncrementalSVDD:
         d = self._d
         self._allocate(d=d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
         self._slot_of = {}
+        self._probe_tol = W.PROBE_TOL
 
     # ------------------------------------------------------------------ public operations
     def add(self, x):
@@ -484,6 +524,8 @@ class IncrementalSVDD:
             self._d = X.shape[1]
             self._allocate(d=self._d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
         ids = np.arange(first_id, first_id + len(X), dtype=np.int64)
+        if self._n == 0 and self._bulk_admit(X, ids):
+            return ids
         try:
             for new_id, x in zip(ids, X, strict=True):
                 self._add_checked(x, int(new_id))
@@ -491,6 +533,116 @@ class IncrementalSVDD:
         except SolverFailure as exc:
             self._recover(exc, first_new_id=first_id, forget_dimension=fresh)
         return ids
+
+    def _bulk_admit(self, X, ids):
+        """Build from empty by SMO + exact landing; False (state empty again) if not taken.
+
+        The landing: the SMO partition (coefficients within BULK_PARTITION_SNAP C of a bound are
+        put at it), the bordered inverse grown over the margin keys from the most interior one
+        on (a key dependent on the margin set - Schur complement below KAPPA_TOL - is put at
+        its nearer bound, as the walk would keep it), the gradients from the Gram matrix, and
+        then the walk's own rest state (``_walk.settle``: polish if needed, relaxation of sign
+        violators, correction walk), which ends on the exact optimum. Accepted only if the
+        fresh KKT residual is at most BULK_KKT_TOL.
+        """
+        n = len(X)
+        if not (BULK_MIN_KEYS <= n <= BULK_MAX_KEYS) or not self._feasible(n) \
+                or self.max_events is not None:
+            return False
+        try:
+            self._land_bulk(X, ids)
+            accepted = self.kkt_residual() <= BULK_KKT_TOL
+        except SolverFailure:
+            accepted = False
+        if accepted:
+            self._next_id = int(ids[-1]) + 1
+            self.n_bulk_builds += 1
+            return True
+        self._reset()
+        return False
+
+    def _land_bulk(self, X, ids):
+        n, C = len(X), self._C
+        self._ensure_slots(n + 1)
+        self._Xt[:, :n] = X.T
+        self._ids[:n] = ids
+        self._ist[W._N] = n
+        Kp = B.shifted_gram(self._Xt, n, self._fs[2])
+        a = B.feasible_start(n, C)
+        grad = 2.0 * (Kp @ a)
+        B.smo(Kp, C, B.SMO_TOL, 200 * n + 10_000, a, grad)
+        snap = BULK_PARTITION_SNAP * C
+        at_c, at_0 = a >= C - snap, a <= snap
+        a[at_c], a[at_0] = C, 0.0
+        self._status[:n] = np.where(at_c, W.ERROR, W.RESERVE)
+        inner = np.flatnonzero(~at_c & ~at_0)
+        while self._S.shape[0] <= len(inner) + 1:
+            self._grow_margin()
+        order = inner[np.argsort(-np.minimum(a[inner], C - a[inner]), kind="stable")]
+        m = self._factor_margin(Kp, order) if len(order) > 1 else 0
+        factorised = m > 0
+        if not factorised:
+            m = self._grow_margin_from(Kp, order, a)
+        self._alpha[:n] = a
+        self._ist[W._M] = m
+        field = 2.0 * (Kp @ a)
+        margin = self._S[:m]
+        self._fs[0] = -float(field[margin].mean()) if m else -float(field.max())
+        self._grad[:n] = field + self._fs[0]
+        if not np.isfinite(self._fs[3]) or self._fs[3] >= W.POLISH_PIVOT:
+            self._fs[3] = np.inf
+        self._ist[W._SETTLED] = -1
+        self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
+        self._order_cache = None
+        self._settle(polish_allowed=not factorised)
+
+    def _grow_margin_from(self, Kp, order, a):
+        """Grow S over ``order`` key by key (rank-one updates); dependent keys go to a bound."""
+        n, C, m = Kp.shape[0], self._C, 0
+        for k in order:
+            if m == 0:
+                W._grow(self._R, 0, self._bk, 0.0)
+            else:
+                kappa = W._schur(m, self._S, self._KSt, self._R, k, self._bk, self._vbuf)
+                if kappa < W.KAPPA_TOL:  # dependent on S: the walk keeps it at a bound
+                    a[k] = C if a[k] > 0.5 * C else 0.0
+                    self._status[k] = W.ERROR if a[k] == C else W.RESERVE
+                    continue
+                W._grow(self._R, m, self._bk, kappa)
+                self._fs[3] = min(self._fs[3], kappa)
+            self._KSt[m, :n] = Kp[k]
+            self._S[m] = k
+            self._spos[k] = m
+            self._status[k] = W.MARGIN
+            m += 1
+        return m
+
+    def _factor_margin(self, Kp, order):
+        """Margin set = ``order`` by one factorisation, when no key in it is dependent.
+
+        Returns len(order), or 0 (nothing written) when some key's Schur complement against
+        the others, 1 / |R_kk|, is below KAPPA_TOL - the caller then grows S key by key. That
+        complement is the smallest any order of growth would see for k, so passing it means
+        the walk would have admitted every key.
+        """
+        m = len(order)
+        M = np.zeros((m + 1, m + 1))
+        M[0, 1:] = M[1:, 0] = 1.0
+        M[1:, 1:] = 2.0 * Kp[np.ix_(order, order)]
+        try:
+            R = np.linalg.inv(M)
+        except np.linalg.LinAlgError:
+            return 0
+        if not np.isfinite(R).all() or np.min(1.0 / np.abs(np.diag(R)[1:])) < W.KAPPA_TOL:
+            return 0
+        self._R[: m + 1, : m + 1] = R
+        self._KSt[:m, : Kp.shape[0]] = Kp[order]
+        self._S[:m] = order
+        self._ist[W._M] = m
+        self._calibrate_probe()
+        self._spos[order] = np.arange(m)
+        self._status[order] = W.MARGIN
+        return m  # a factorised inverse is what a polish would compute: no small-pivot flag
 
     def _add_checked(self, x, new_id):
         if self._n == 0:
@@ -704,7 +856,7 @@ class IncrementalSVDD:
     @property
     def rho(self):
         """The multiplier of sum(a) = 1 (the decision function's offset)."""
-        return float(self._fs[0])
+        return float(self._fs[0] - 1.0)  # the walk keeps rho' = rho + 1 (shifted kernel)
 
     def _ids_with(self, status):
         order = self._order()
@@ -776,13 +928,15 @@ class IncrementalSVDD:
         return MarginSystem(
             margin_ids=self._ids[S].copy(),
             error_ids=self.error_ids,
-            inverse=self._R[: m + 1, : m + 1].copy(),
+            inverse=_unshifted_inverse(self._R[: m + 1, : m + 1]),
             rho=self.rho,
             alpha_margin=self._alpha[S].copy(),
             C=self._C,
         )
 
-    _STATE_FORMAT = 1
+    #: 2: the walk's arrays hold the shifted kernel (KSt = K' = K - 1, R = M'^{-1},
+    #: fs[0] = rho + 1); format-1 states (unshifted) are converted on load.
+    _STATE_FORMAT = 2
 
     def state_dict(self):
         """Everything needed to restore this solver bit for bit (plain arrays and numbers)."""
@@ -823,8 +977,9 @@ class IncrementalSVDD:
         ValueError
             Unknown format, or fields whose types, shapes or contents contradict each other.
         """
-        if state.get("format") != cls._STATE_FORMAT:
-            raise ValueError(f"unknown solver state format {state.get('format')!r}")
+        version = state.get("format")
+        if version not in (1, cls._STATE_FORMAT):
+            raise ValueError(f"unknown solver state format {version!r}")
         solver = cls(state["C"], state["sigma"],
                      audit_every=_state_int(state, "audit_every", 0, _INT64_MAX))
         d = _state_int(state, "d", -1, _INT64_MAX)
@@ -859,6 +1014,10 @@ class IncrementalSVDD:
         solver._KSt[:m, :n] = state["KSt"]
         solver._R[: m + 1, : m + 1] = state["R"]
         solver._fs[:] = state["fs"]
+        if version == 1:  # unshifted kernel: K' = K - 1, R' = T R, rho' = rho + 1
+            solver._KSt[:m, :n] -= 1.0
+            solver._R[: m + 1, : m + 1] = _shifted_inverse(solver._R[: m + 1, : m + 1])
+            solver._fs[0] += 1.0
         solver._ist[:] = ist
         solver._next_id = _state_int(state, "next_id", 0, _INT64_MAX)
         ids = solver._ids[:n]
@@ -899,35 +1058,46 @@ class IncrementalSVDD:
         return out
 
     def _fresh_gradients(self):
-        """g_i = 2 sum_j a_j k(x_i, x_j) - 1 + rho for every slot, from the keys.
+        """g_i = 2 sum_j a_j K'_ij + rho' (= 2 sum_j a_j k(x_i, x_j) - 1 + rho) for every slot.
 
         Small problems use the coordinate-wise Numba loop. Large ones with wide keys
         (n |support| d above ``BLAS_FRESH_WORK``, d >= ``BLAS_FRESH_MIN_DIM``) take the squared
-        distances from one matrix product per block of rows, |x|^2 + |y|^2 - 2 x.y (measured
-        2.3x faster at n = 10^4, d = 384), and the cancellation it allows costs at
-        most ~eps |x|^2 in a squared distance - far below every tolerance that reads these
-        gradients (audits at 1e-10, file checks at 1e-8).
+        distances from one matrix product per block of rows, |x|^2 + |y|^2 - 2 x.y on keys
+        centred on the support's mean (measured 2.3x faster at n = 10^4, d = 384). The
+        expansion loses ~eps (|x - c|^2 + |y - c|^2) of a squared distance, so it is used only
+        while every key has ||x - c||^2 / sigma^2 <= ``BLAS_FRESH_MAX_SPREAD`` (a loss below
+        5e-14 in units of sigma^2); wider keys take the loop, which has no cancellation.
         """
         n, anchor = self._n, self._anchor
         support = np.flatnonzero(self._alpha[:n] != 0.0)
         support = support[support != anchor]
-        if (self._d or 1) < BLAS_FRESH_MIN_DIM or n * len(support) * self._d < BLAS_FRESH_WORK:
-            out = np.empty(n)
+        out = np.empty(n)
+        if (self._d or 1) < BLAS_FRESH_MIN_DIM or n * len(support) * self._d < BLAS_FRESH_WORK \
+                or not self._blas_distances_accurate(support):
             W.fresh_gradients(self._Xt, self._alpha, n, anchor, self._fs[2], self._fs[0], out)
             return out
         X = self._Xt[:, :n].T
-        S = X[support]
+        centre = X[support].mean(axis=0)
+        S = X[support] - centre
         coef = self._alpha[support]
         sq_s = np.einsum("ij,ij->i", S, S)
-        out = np.empty(n)
         for start in range(0, n, 1024):
-            block = X[start:start + 1024]
+            block = X[start:start + 1024] - centre
             d2 = np.einsum("ij,ij->i", block, block)[:, None] + sq_s[None, :] - 2.0 * block @ S.T
             np.maximum(d2, 0.0, out=d2)
-            out[start:start + 1024] = np.exp(-d2 * self._fs[2]) @ coef
-        if anchor >= 0:
-            out[anchor] = self._alpha[anchor]
-        return 2.0 * out - 1.0 + self._fs[0]
+            out[start:start + 1024] = np.expm1(-d2 * self._fs[2]) @ coef
+        W.anchor_terms(self._alpha, n, anchor, out)
+        return 2.0 * out + self._fs[0]
+
+    def _blas_distances_accurate(self, support):
+        """True when every key is within BLAS_FRESH_MAX_SPREAD sigma^2 of the support's mean."""
+        if len(support) == 0:
+            return False
+        X = self._Xt[:, : self._n]
+        with np.errstate(over="ignore", invalid="ignore"):
+            centre = X[:, support].mean(axis=1)
+            spread = np.einsum("ij,ij->j", X - centre[:, None], X - centre[:, None])
+            return bool(np.all(spread * self._fs[2] <= BLAS_FRESH_MAX_SPREAD))
 
     def kkt_residual(self):
         """Largest violation of the KKT conditions, recomputed from the keys.
@@ -1052,7 +1222,17 @@ class IncrementalSVDD:
         self.n_polishes += 1
         if m > 0:
             self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+            self._calibrate_probe()
         self._grad[:n] = self._fresh_gradients()
+
+    def _calibrate_probe(self):
+        """Set the inverse probe's threshold from a freshly factorised inverse: 4x its own probe
+        (the factorisation's rounding floor), within [PROBE_TOL, PROBE_TOL_MAX]. Without it a
+        large margin set whose fresh inverse already probes above PROBE_TOL (1.1e-11 at
+        m = 2048) would polish after every operation without improving anything."""
+        m = self._m
+        floor = W.inverse_probe_residual(self._R, m, self._S, self._KSt, self._vbuf, self._bk)
+        self._probe_tol = min(W.PROBE_TOL_MAX, max(W.PROBE_TOL, 4.0 * floor))
 
     def _refactorize(self):
         """After a failed audit: polish, then restore the canonical resting state."""
