@@ -1,18 +1,20 @@
-"""Command line: ``svtoolkit memory init|add|forget|edit|query|list|audit STORE ...``.
+"""Command line: ``svtoolkit memory init|add|forget|edit|query|list|audit|sign|check-receipt``.
 
 Also runnable as ``python -m svtoolkit``. Every command that changes a store takes an exclusive
-lock on ``STORE.lock`` (POSIX), loads and verifies the file, applies the change and saves it
-atomically.
+lock on ``STORE.lock`` (POSIX; STORE with symlinks resolved), loads and verifies the file,
+applies the change and saves it atomically. With a signing key (``--key-file PATH`` or the
+environment variable ``SVTOOLKIT_MEMORY_KEY``; never a command-line value) files are signed
+and verified, and receipts carry a MAC.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import sys
+import warnings
 
 import numpy as np
 
@@ -45,14 +47,29 @@ What the memory guarantees, and the scope of each guarantee:
            (with a warning).
 
   files    Saves are atomic (temporary file, fsync, rename, directory fsync): a crash leaves
-           the old file or the new one. Loading checks the format version, a sha256 checksum,
-           the internal consistency, the KKT residual and the state digest, and refuses a
-           damaged file. The checksum detects damage, not deliberate tampering: it is
-           not a signature (no key is involved), so someone who can write the file can
-           recompute it, and the stored digest too. The state digest covers the configuration
-           (C, sigma, budget, min_similarity), the held records and the coefficients, not
-           the tombstones, the metadata or the counters; keep receipts' digests elsewhere to
-           detect a forged state. Values are JSON; nothing is unpickled.
+           the old file or the new one, and the next save removes temporary files that
+           crashed saves left. The rename is the commit point: if only the directory fsync
+           after it fails, the change is kept, a warning is printed and the exit status is 0.
+           A symlinked store: the real file is rewritten and locked. Loading checks the
+           format version, a sha256 checksum, the internal consistency, the KKT residual and
+           the state digest, and refuses a damaged file. The checksum
+           detects damage, not deliberate tampering: it is not a signature (no key is
+           involved), so someone who can write the file can recompute it, and the stored
+           digest too. The state digest covers the configuration (C, sigma, budget,
+           min_similarity, key dimension), the held records and the coefficients, and
+           not the tombstones, the metadata or the counters; keep receipts' digests
+           elsewhere (or sign the store) to detect a forged state. Values are JSON;
+           nothing is unpickled.
+
+  signing  With a key (--key-file PATH, or the environment variable SVTOOLKIT_MEMORY_KEY;
+           the key is the text with surrounding whitespace removed, at least 16 bytes),
+           files carry an HMAC-SHA256 over all their bytes and are refused when it is missing
+           or wrong; receipts carry a MAC over their fields. A replayed older file is caught
+           by check-receipt against the newest receipt. `sign` adds a signature to an
+           unsigned store.
+
+  output   Record ids and values are printed as JSON (ASCII, escaped), one record per line,
+           fields separated by tabs: an id holding a tab or newline cannot fake a line.
 
 Keys: --key 1,2.5 or --key '[1, 2.5]'. A key starting with a minus sign can be written
 --key=-1,2 (--key -1,2 also works).
@@ -63,11 +80,17 @@ Text keys (--text) need the optional encoder: pip install 'svtoolkit[text]'.
 _NEGATIVE_KEY = re.compile(r"^-\.?\d")
 
 
+#: Environment variable holding the signing key (when --key-file is not given).
+KEY_ENV = "SVTOOLKIT_MEMORY_KEY"
+
+
 def _parse_key(text):
     text = text.strip()
     try:
         values = json.loads(text) if text.startswith("[") else [
             float(tok) for tok in text.replace(",", " ").split()]
+    except RecursionError:
+        raise ValueError("--key is nested too deeply: give a flat list of numbers") from None
     except ValueError as exc:
         raise ValueError(
             f"--key must be numbers separated by commas or a JSON list: {exc}") from exc
@@ -97,19 +120,42 @@ def _value_from(args):
     return args.value
 
 
-@contextlib.contextmanager
 def _locked(store):
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: no cross-process lock
-        yield
-        return
-    fd = os.open(os.fspath(store) + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    """The store's cross-process lock (``flock`` on ``REALPATH.lock``)."""
+    from .memory import store_lock
+
+    return store_lock(store)
+
+
+def _signing_key(args):
+    """The signing key from --key-file or $SVTOOLKIT_MEMORY_KEY (None when neither is given).
+
+    The key is the UTF-8 text with surrounding whitespace (a trailing newline) removed.
+    """
+    if getattr(args, "key_file", None) is not None:
+        with open(args.key_file, "rb") as fh:
+            raw, source = fh.read(), f"--key-file {args.key_file}"
+    elif os.environ.get(KEY_ENV):
+        raw, source = os.environb[KEY_ENV.encode()] if os.name == "posix" else \
+            os.environ[KEY_ENV].encode("utf-8"), KEY_ENV
+    else:
+        return None
+    key = raw.strip()
+    if len(key) < 16:
+        raise ValueError(f"the signing key from {source} must be at least 16 bytes "
+                         f"(whitespace stripped); got {len(key)}")
+    return key
+
+
+def _load(args):
+    from .memory import ForgettableMemory
+
+    return ForgettableMemory.load(args.store, key=_signing_key(args))
+
+
+def _text(value):
+    """One value as single-line ASCII JSON (control characters and non-ASCII escaped)."""
+    return json.dumps(value, ensure_ascii=True)
 
 
 def _emit(obj, as_json):
@@ -117,7 +163,7 @@ def _emit(obj, as_json):
         print(json.dumps(obj, indent=2, ensure_ascii=False))
     else:
         for k, v in obj.items():
-            print(f"{k}: {v}")
+            print(f"{k}: {_text(v)}")
 
 
 def _cmd_init(args):
@@ -126,20 +172,19 @@ def _cmd_init(args):
     metadata = {"encoder": "all-MiniLM-L6-v2"} if args.text else {}
     mem = ForgettableMemory(sigma=args.sigma, C=args.C, nu=args.nu, n0=args.n0,
                             budget=args.budget, min_similarity=args.min_similarity,
-                            metadata=metadata)
+                            metadata=metadata, signing_key=_signing_key(args))
     with _locked(args.store):  # check and write under one lock: no other process in between
         if os.path.exists(args.store) and not args.force:
             raise FileExistsError(f"{args.store} exists (use --force to replace it)")
         mem.save(args.store)
     print(f"created {args.store}: C={mem.C:.6g} sigma={mem.sigma:g} budget={mem.budget} "
-          f"min_similarity={mem.min_similarity:g}" + (" (text keys)" if args.text else ""))
+          f"min_similarity={mem.min_similarity:g}" + (" (text keys)" if args.text else "")
+          + (" (signed)" if mem.signed else ""))
 
 
 def _mutate(args, fn):
-    from .memory import ForgettableMemory
-
     with _locked(args.store):
-        mem = ForgettableMemory.load(args.store)
+        mem = _load(args)
         out = fn(mem)
         mem.save(args.store)
     return out
@@ -153,8 +198,8 @@ def _cmd_add(args):
         key = _key_from(args, mem)
         if key is None:
             raise ValueError("add needs --key or --text")
-        rid = mem.add(key, _value_from(args), record_id=args.id)
-        return {"record_id": rid, "n_records": len(mem), "evicted": list(mem.last_evicted),
+        rid, evicted = mem.add_record(key, _value_from(args), record_id=args.id)
+        return {"record_id": rid, "n_records": len(mem), "evicted": list(evicted),
                 "digest": mem.state_digest()}
 
     _emit(_mutate(args, apply), args.json)
@@ -179,9 +224,7 @@ def _cmd_edit(args):
 
 
 def _cmd_query(args):
-    from .memory import ForgettableMemory
-
-    mem = ForgettableMemory.load(args.store)
+    mem = _load(args)
     key = _key_from(args, mem)
     if key is None:
         raise ValueError("query needs --key or --text")
@@ -192,22 +235,51 @@ def _cmd_query(args):
         print("no record")
     else:
         for h in hits:
-            print(f"{h.record_id}\tscore={h.score:.4f}\tweight={h.weight:.4f}\t"
-                  f"{json.dumps(h.value, ensure_ascii=False)}")
+            print(f"{_text(h.record_id)}\tscore={h.score:.4f}\tweight={h.weight:.4f}\t"
+                  f"{_text(h.value)}")
 
 
 def _cmd_list(args):
+    mem = _load(args)
+    for rid in mem.record_ids:
+        print(f"{_text(rid)}\t{_text(mem.get(rid))}")
+
+
+def _cmd_sign(args):
     from .memory import ForgettableMemory
 
-    mem = ForgettableMemory.load(args.store)
-    for rid in mem.record_ids:
-        print(f"{rid}\t{json.dumps(mem.get(rid), ensure_ascii=False)}")
+    key = _signing_key(args)
+    if key is None:
+        raise ValueError(f"sign needs a key: --key-file PATH or ${KEY_ENV}")
+    with _locked(args.store):
+        mem = ForgettableMemory.load(args.store)  # verified by checksum, KKT and digest
+        mem.save(args.store, key=key)
+    print(f"signed {args.store} (HMAC-SHA256; revision {mem.revision})")
+
+
+def _cmd_check_receipt(args):
+    key = _signing_key(args)
+    if key is None:
+        raise ValueError(f"check-receipt needs the key: --key-file PATH or ${KEY_ENV}")
+    if args.receipt == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.receipt, encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        receipt = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError(f"{args.receipt}: not a JSON receipt") from None
+    if not isinstance(receipt, dict):
+        raise ValueError(f"{args.receipt}: not a JSON receipt (expected an object)")
+    mem = _load(args)
+    mem.check_receipt(receipt)
+    print(f"ok: the receipt is authentic and the store (revision {mem.revision}) is not older "
+          f"than it (revision {receipt['revision']})")
 
 
 def _cmd_audit(args):
-    from .memory import ForgettableMemory
-
-    mem = ForgettableMemory.load(args.store)
+    mem = _load(args)
     report = mem.audit().to_dict()
     report["tombstones"] = len(mem.tombstones)
     report["revision"] = mem.revision
@@ -227,9 +299,13 @@ def _parser():
     sub = memory.add_subparsers(dest="command", required=True)
 
     def command(name, func, help_text):
+        # no abbreviations: "--key" must never silently mean "--key-file"
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=GUARANTEES,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           allow_abbrev=False)
         p.add_argument("store", help="path of the memory file")
+        p.add_argument("--key-file", metavar="PATH",
+                       help=f"file holding the signing key (default: ${KEY_ENV}, if set)")
         p.set_defaults(func=func)
         return p
 
@@ -278,7 +354,11 @@ def _parser():
     p.add_argument("--min-similarity", type=float, help="override the store's threshold")
     p.add_argument("--json", action="store_true", help="print JSON (an empty list: no record)")
 
-    command("list", _cmd_list, "list the held records (id and value)")
+    command("list", _cmd_list, "list the held records: JSON id, tab, JSON value, per line")
+    command("sign", _cmd_sign, "sign an existing store with the key (HMAC-SHA256)")
+    p = command("check-receipt", _cmd_check_receipt,
+                "check a receipt's MAC and that the store is not older than it")
+    p.add_argument("receipt", help="the receipt as printed by forget/edit (JSON file, or -)")
 
     p = command("audit", _cmd_audit, "verify the file and recompute the certificate")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -308,18 +388,31 @@ def main(argv=None):
     -------
     int
         0 on success; 1 after printing a one-line ``error: ...`` to stderr (bad input, a
-        refused or unreadable file, an operating-system error, a solver failure).
+        refused or unreadable file, a signature or receipt that does not verify, an
+        operating-system error, a solver failure). Warnings (an over-budget store, a committed
+        save whose directory fsync failed) are printed as ``warning: ...`` lines and do not
+        change the status.
     """
     from .exact import SolverFailure
+    from .memory import BudgetExceededWarning, DurabilityWarning
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(_join_negative_keys(argv))
-    try:
-        args.func(args)
-    except KeyError as exc:
-        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, OSError, ImportError, SolverFailure) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    with warnings.catch_warnings(record=True) as caught:
+        for category in (BudgetExceededWarning, DurabilityWarning):
+            warnings.simplefilter("always", category)
+        try:
+            args.func(args)
+            status = 0
+        except KeyError as exc:
+            print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+            status = 1
+        except RecursionError:
+            print("error: input nested too deeply", file=sys.stderr)
+            status = 1
+        except (ValueError, TypeError, OSError, ImportError, SolverFailure) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            status = 1
+    for w in caught:  # a committed change stays a success, with its warnings
+        print(f"warning: {w.message}", file=sys.stderr)
+    return status

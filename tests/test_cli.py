@@ -36,7 +36,7 @@ def test_add_query_forget_round_trip(store, capsys):
                        "--id", "e", "--json")
     assert code == 0 and json.loads(out)["n_records"] == 2
     code, out, _ = run(capsys, "query", store, "--key", "2.9,0.1")
-    assert code == 0 and out.startswith("e\t") and '{"city": "x"}' in out
+    assert code == 0 and out.startswith('"e"\t') and '{"city": "x"}' in out
     code, out, _ = run(capsys, "forget", store, "e", "--audit")
     receipt = json.loads(out)
     assert code == 0 and receipt["record_id"] == "e" and receipt["audit_deviation"] < 1e-9
@@ -54,7 +54,7 @@ def test_edit_list_and_audit(store, capsys):
     code, out, _ = run(capsys, "edit", store, "carol", "--value", "tokyo", "--key", "0,0.1")
     assert code == 0 and json.loads(out)["operation"] == "edit"
     code, out, _ = run(capsys, "list", store)
-    assert out.splitlines() == ['alice\t"oslo"', 'carol\t"tokyo"']
+    assert out.splitlines() == ['"alice"\t"oslo"', '"carol"\t"tokyo"']
     code, out, _ = run(capsys, "audit", store, "--json")
     report = json.loads(out)
     assert code == 0 and report["n_records"] == 2 and report["kkt_residual"] < 1e-9
@@ -117,7 +117,7 @@ def test_negative_keys_parse(store, capsys):
     mem = ForgettableMemory.load(store)
     assert [mem.key(r).tolist() for r in "abc"] == [[-1.0, 2.0], [-3.5, -4.0], [-0.5, 1e-3]]
     code, out, _ = run(capsys, "query", store, "--key", "-1,2.1")
-    assert code == 0 and out.startswith("a\t")
+    assert code == 0 and out.startswith('"a"\t')
 
 
 def test_os_errors_are_one_line_errors(tmp_path, capsys):
@@ -130,8 +130,10 @@ def test_os_errors_are_one_line_errors(tmp_path, capsys):
         assert "Is a directory" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("method, exc", [("add", SolverFailure("simulated walk failure")),
-                                         ("save", PermissionError("simulated: no write"))])
+@pytest.mark.parametrize("method, exc", [
+    ("add_record", SolverFailure("simulated walk failure")),
+    ("save", PermissionError("simulated: no write")),
+])
 def test_solver_and_permission_failures_are_one_line_errors(store, capsys, monkeypatch,
                                                               method, exc):
     before = store.read_bytes()

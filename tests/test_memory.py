@@ -19,7 +19,8 @@ import warnings
 import numpy as np
 import pytest
 
-import svtoolkit.memory as memory_module
+import svtoolkit.memory._atomic as atomic_module
+import svtoolkit.memory._table as table_module
 from svtoolkit import IncrementalSVDD, SolverFailure
 from svtoolkit.memory import (
     FORMAT_VERSION,
@@ -31,6 +32,8 @@ from svtoolkit.memory import (
     MemoryFileError,
 )
 
+#: Fixed header of a version-2 file: magic, format version, flags, header length.
+HEADER = "<8sIIQ"
 #: Tolerances: exact path vs a fresh solve (decision function) and the KKT residual.
 FRESH_TOL = 1e-9
 KKT_OK = 1e-9
@@ -209,7 +212,7 @@ def test_a_failing_leaf_hash_changes_neither_memory_nor_solver(monkeypatch, call
     def broken(*args):
         raise RuntimeError("simulated failure while hashing the record")
 
-    monkeypatch.setattr(memory_module, "_leaf", broken)
+    monkeypatch.setattr(table_module, "record_leaf", broken)
     with pytest.raises(RuntimeError, match="simulated failure"):
         call(mem)
     assert snapshot(mem) + (mem.get("k2"),) == before and len(mem._solver) == len(mem)
@@ -482,12 +485,15 @@ def test_empty_memory_round_trip(tmp_path):
 def _rewrite(path, mutate):
     """Apply ``mutate`` to the header dict and/or arrays of a saved file; recompute checksum."""
     data = path.read_bytes()
-    _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
-    header = json.loads(data[20:20 + hlen])
-    blob = bytearray(data[20 + hlen:-32])
+    _, _, flags, hlen = struct.unpack_from(HEADER, data, 0)
+    assert flags == 0  # an unsigned file
+    start = struct.calcsize(HEADER)
+    header = json.loads(data[start:start + hlen])
+    blob = bytearray(data[start + hlen:-32])
     mutate(header, blob)
     text = json.dumps(header).encode()
-    body = struct.pack("<8sIQ", b"SVTKMEM\x00", FORMAT_VERSION, len(text)) + text + bytes(blob)
+    body = struct.pack(HEADER, b"SVTKMEM\x00", FORMAT_VERSION, 0, len(text)) + text + \
+        bytes(blob)
     path.write_bytes(body + hashlib.sha256(body).digest())
 
 
@@ -630,9 +636,10 @@ def test_malformed_contents_are_refused(saved, mutate, match):
 def _write_raw_header(path, text):
     """Replace the header of a saved file by raw bytes ``text``; recompute the checksum."""
     data = path.read_bytes()
-    _, _, hlen = struct.unpack_from("<8sIQ", data, 0)
-    body = struct.pack("<8sIQ", b"SVTKMEM\x00", FORMAT_VERSION, len(text)) + text + \
-        data[20 + hlen:-32]
+    _, _, _, hlen = struct.unpack_from(HEADER, data, 0)
+    start = struct.calcsize(HEADER)
+    body = struct.pack(HEADER, b"SVTKMEM\x00", FORMAT_VERSION, 0, len(text)) + text + \
+        data[start + hlen:-32]
     path.write_bytes(body + hashlib.sha256(body).digest())
 
 
@@ -662,7 +669,7 @@ def test_crash_during_save_keeps_the_previous_file(saved, monkeypatch):
     mem = ForgettableMemory.load(saved)
     mem.forget("k0")
     calls = {"n": 0}
-    real = memory_module._write_chunk
+    real = atomic_module._write_chunk
 
     def failing(fh, chunk, hasher):
         calls["n"] += 1
@@ -670,7 +677,7 @@ def test_crash_during_save_keeps_the_previous_file(saved, monkeypatch):
             raise OSError("simulated crash: disk full")
         real(fh, chunk, hasher)
 
-    monkeypatch.setattr(memory_module, "_write_chunk", failing)
+    monkeypatch.setattr(atomic_module, "_write_chunk", failing)
     with pytest.raises(OSError, match="simulated crash"):
         mem.save(saved)
     assert saved.read_bytes() == previous
@@ -683,16 +690,17 @@ def test_hard_kill_during_save_keeps_the_previous_file(saved):
     script = textwrap.dedent(f"""
         import os
         import svtoolkit.memory as m
+        import svtoolkit.memory._atomic as atomic
         mem = m.ForgettableMemory.load({str(saved)!r})
         mem.forget("k0")
-        real, calls = m._write_chunk, [0]
+        real, calls = atomic._write_chunk, [0]
         def dying(fh, chunk, hasher):
             calls[0] += 1
             if calls[0] == 3:
                 fh.flush()
                 os._exit(9)  # no cleanup, no exception handlers: a crash
             real(fh, chunk, hasher)
-        m._write_chunk = dying
+        atomic._write_chunk = dying
         mem.save({str(saved)!r})
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
@@ -717,7 +725,7 @@ def test_concurrent_saves_never_resurrect_a_forgotten_record(tmp_path, monkeypat
     mem.add([3.0, 0.0], "b", record_id="b")
     path = tmp_path / "m.svtk"
     started, release, errors = threading.Event(), threading.Event(), []
-    real = memory_module._write_chunk
+    real = atomic_module._write_chunk
 
     def slow(fh, chunk, hasher):
         if threading.current_thread().name == "old-save" and not started.is_set():
@@ -731,7 +739,7 @@ def test_concurrent_saves_never_resurrect_a_forgotten_record(tmp_path, monkeypat
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    monkeypatch.setattr(memory_module, "_write_chunk", slow)
+    monkeypatch.setattr(atomic_module, "_write_chunk", slow)
     old = threading.Thread(target=old_save, name="old-save")
     old.start()
     assert started.wait(timeout=30)

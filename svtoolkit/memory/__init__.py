@@ -1,0 +1,52 @@
+"""ForgettableMemory: a key-value memory with exact deletion, receipts and certified eviction.
+
+A user-facing store on top of the exact fp64 solver (:class:`svtoolkit.IncrementalSVDD`).
+Every record is a key vector (for text, a sentence embedding; see :mod:`svtoolkit.embeddings`)
+and a JSON value. The one-class SVM (SVDD) over the keys decides what is certified-redundant
+(the reserve set, coefficient exactly 0) and makes deletion exact: after
+:meth:`~ForgettableMemory.forget` the memory is what it would have been had the record never
+been added (same C).
+
+What is guaranteed, and its scope, is written out in ``docs/memory.md``; the short version is
+in the :class:`ForgettableMemory` docstring.
+
+Modules: ``_store`` (the memory, its operations and queries), ``_table`` (the record table and
+its incremental digest), ``_codec`` (values as canonical JSON), ``_format`` (the file format),
+``_atomic`` (atomic replacement of a file, store locks), ``_signing`` (HMAC-SHA256 of files
+and receipts), ``_receipts`` (receipts, audit reports, add results), ``_errors``.
+"""
+
+from ._atomic import store_lock
+from ._errors import (
+    BudgetExceededWarning,
+    DurabilityWarning,
+    MemoryAuthenticationError,
+    MemoryFileError,
+    ReceiptError,
+    StaleStateError,
+)
+from ._format import FORMAT_VERSION, KKT_TOL, READABLE_VERSIONS
+from ._receipts import AddResult, AuditReport, DeletionReceipt, verify_receipt
+from ._signing import MIN_KEY_BYTES
+from ._store import DEFAULT_MIN_SIMILARITY, ForgettableMemory, Hit
+
+__all__ = [
+    "ForgettableMemory",
+    "Hit",
+    "AddResult",
+    "DeletionReceipt",
+    "AuditReport",
+    "verify_receipt",
+    "store_lock",
+    "MemoryFileError",
+    "MemoryAuthenticationError",
+    "ReceiptError",
+    "StaleStateError",
+    "BudgetExceededWarning",
+    "DurabilityWarning",
+    "FORMAT_VERSION",
+    "READABLE_VERSIONS",
+    "KKT_TOL",
+    "MIN_KEY_BYTES",
+    "DEFAULT_MIN_SIMILARITY",
+]

@@ -1,0 +1,75 @@
+"""The value codec: canonical JSON text for values, UTF-8 checks for ids and text."""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["encode_value", "decode_value", "check_utf8", "check_record_id"]
+
+
+def encode_value(value, name="value"):
+    """Canonical JSON text of a value, refusing anything that would not come back equal.
+
+    Parameters
+    ----------
+    value : JSON value
+    name : str, default "value"
+        The argument's name, used in error messages.
+
+    Returns
+    -------
+    str
+        Canonical JSON (sorted keys, no spaces, non-ASCII kept), encodable as UTF-8.
+
+    Raises
+    ------
+    TypeError
+        Not JSON, or does not survive a JSON round trip unchanged.
+    ValueError
+        Nested too deeply to encode, or a string holds an unpaired UTF-16 surrogate (not
+        encodable as UTF-8, so it could be neither hashed nor saved).
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                          allow_nan=False)
+        same = json.loads(text) == value
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{name} must be JSON-serialisable (str, int, float, bool, None, and lists or "
+            f"str-keyed dicts of those; no NaN/inf): {exc}"
+        ) from exc
+    except RecursionError as exc:
+        raise ValueError(f"{name} is nested too deeply to encode as JSON") from exc
+    if not same:
+        raise TypeError(
+            f"{name} does not survive a JSON round trip unchanged (tuples become lists, "
+            "non-str dict keys become strings); pass the JSON form"
+        )
+    check_utf8(text, name)
+    return text
+
+
+def decode_value(text):
+    """A fresh copy of the value whose canonical JSON text is ``text``."""
+    return json.loads(text)
+
+
+def check_utf8(text, name):
+    """Refuse a str that cannot be encoded as UTF-8 (an unpaired surrogate such as '\\ud800')."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} contains an unpaired UTF-16 surrogate ({text[exc.start]!r} at position "
+            f"{exc.start}), which is not valid text and cannot be stored as UTF-8"
+        ) from None
+
+
+def check_record_id(record_id):
+    """Return ``record_id`` if it is a non-empty str encodable as UTF-8; raise otherwise."""
+    if not isinstance(record_id, str):
+        raise TypeError(f"record_id must be a str; got {type(record_id).__name__}")
+    if not record_id:
+        raise ValueError("record_id must be a non-empty string")
+    check_utf8(record_id, "record_id")
+    return record_id

@@ -1,0 +1,166 @@
+"""Results of memory operations: deletion receipts (optionally signed), audit reports, adds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
+
+from ._signing import check_key, macs_equal, receipt_mac
+
+__all__ = ["DeletionReceipt", "AuditReport", "AddResult", "verify_receipt"]
+
+
+@dataclass(frozen=True)
+class DeletionReceipt:
+    """Evidence of one deletion (:meth:`ForgettableMemory.forget`) or edit.
+
+    Attributes
+    ----------
+    operation : {"forget", "edit"}
+    record_id : str
+    time : float
+        Seconds since the epoch (UTC) of the operation, taken when it is applied (before the
+        receipt's verification and audit); for a forget it is the tombstone's time.
+    kkt_residual : float or None
+        Largest KKT violation of the state after the operation, recomputed from the keys (in
+        units of the decision function); ``None`` when the caller passed ``verify=False``.
+    digest_before, digest_after : str
+        :meth:`ForgettableMemory.state_digest` before and after (sha256, hex).
+    n_records : int
+        Records held afterwards.
+    certified : bool
+        Whether the retained keys hold the optimum on their own (``n C >= 1``); below that the
+        solver is in warm-up and nothing is certified.
+    audit_deviation : float or None
+        With ``audit=True``: ``max |f_memory(p) - f_fresh(p)|`` over the retained keys and the
+        removed (and, for an edit, the new) key, where ``f_fresh`` is a solver trained from
+        scratch on the retained records with the same C. ``None`` without an audit or when the
+        memory is empty afterwards.
+    revision : int or None
+        :attr:`ForgettableMemory.revision` after the operation (a memory, or a file, at a
+        lower revision is older than this receipt: see :meth:`ForgettableMemory.check_receipt`).
+    mac : str or None
+        HMAC-SHA256 (hex) over every other field, when the memory has a signing key
+        (:func:`verify_receipt` checks it); None otherwise.
+    """
+
+    operation: str
+    record_id: str
+    time: float
+    kkt_residual: float | None
+    digest_before: str
+    digest_after: str
+    n_records: int
+    certified: bool
+    audit_deviation: float | None = None
+    revision: int | None = None
+    mac: str | None = None
+
+    def signed_fields(self):
+        """dict of every field except ``mac`` (what the MAC covers)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "mac"}
+
+    def to_dict(self):
+        """Plain JSON-serialisable dict (adds ``time_utc`` in ISO 8601, not covered by the MAC)."""
+        out = asdict(self)
+        out["time_utc"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.time)) + (
+            f".{int((self.time % 1) * 1e6):06d}Z"
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Result of :meth:`ForgettableMemory.audit`.
+
+    Attributes
+    ----------
+    n_records, n_margin, n_error, n_reserve : int
+        Records held and the sizes of the partition (margin S, error E, reserve R).
+    certified : bool
+    kkt_residual : float
+        Recomputed from the keys.
+    fresh_deviation : float or None
+        ``max |f_memory - f_fresh|`` over the held keys (and any extra probes), ``f_fresh`` being
+        a from-scratch solve of the held records in the same order with the same C; ``None`` for
+        an empty memory.
+    digest : str
+    budget : int or None
+    over_budget : bool
+    """
+
+    n_records: int
+    n_margin: int
+    n_error: int
+    n_reserve: int
+    certified: bool
+    kkt_residual: float
+    fresh_deviation: float | None
+    digest: str
+    budget: int | None
+    over_budget: bool
+
+    def to_dict(self):
+        """Plain JSON-serialisable dict."""
+        return asdict(self)
+
+
+class AddResult(NamedTuple):
+    """What one :meth:`ForgettableMemory.add_record` did.
+
+    Attributes
+    ----------
+    record_id : str
+        The id of the new record.
+    evicted : tuple of str
+        Records this call evicted by the budget (oldest first); can include ``record_id``.
+    """
+
+    record_id: str
+    evicted: tuple
+
+
+def _receipt_fields(receipt):
+    if isinstance(receipt, DeletionReceipt):
+        return receipt.signed_fields(), receipt.mac
+    if isinstance(receipt, dict):
+        names = [f.name for f in fields(DeletionReceipt) if f.name != "mac"]
+        missing = [n for n in names if n not in receipt]
+        if missing:
+            raise ValueError(f"receipt is missing field(s) {', '.join(missing)}")
+        return {n: receipt[n] for n in names}, receipt.get("mac")
+    raise TypeError(f"receipt must be a DeletionReceipt or its dict form; got "
+                    f"{type(receipt).__name__}")
+
+
+def verify_receipt(receipt, key):
+    """Whether a receipt's MAC verifies under ``key`` (constant-time comparison).
+
+    Parameters
+    ----------
+    receipt : DeletionReceipt or dict
+        A receipt, or its :meth:`DeletionReceipt.to_dict` form read back from JSON (the
+        ``time_utc`` entry is ignored).
+    key : bytes
+        The memory's signing key.
+
+    Returns
+    -------
+    bool
+        False for an unsigned receipt, a changed field, or a MAC made with another key.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A key that is not bytes or too short; a receipt of another type or missing fields.
+    """
+    key = check_key(key)
+    payload, mac = _receipt_fields(receipt)
+    if not isinstance(mac, str) or not mac.isascii():
+        return False
+    try:
+        expected = receipt_mac(key, payload)
+    except (TypeError, ValueError):  # a field that is not JSON cannot have been signed
+        return False
+    return macs_equal(expected, mac)

@@ -1,0 +1,994 @@
+"""The store: :class:`ForgettableMemory`, its operations, queries and persistence calls.
+
+The record table, the value codec, the file format and the atomic write live in their own
+modules of :mod:`svtoolkit.memory`; this one ties them to the exact solver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import numbers
+import struct
+import threading
+import time
+import warnings
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._jit import njit
+from .._rules import FEASIBILITY_TOL
+from .._validation import as_key, as_keys, check_positive, check_sigma
+from ..exact import IncrementalSVDD, SolverFailure
+from . import _atomic, _format, _table
+from ._codec import check_record_id, decode_value, encode_value
+from ._errors import BudgetExceededWarning, MemoryFileError, ReceiptError, StaleStateError
+from ._receipts import AddResult, AuditReport, DeletionReceipt, verify_receipt
+from ._signing import check_key, receipt_mac
+
+__all__ = ["ForgettableMemory", "Hit", "DEFAULT_MIN_SIMILARITY"]
+
+#: Default support threshold on the kernel similarity k(q, x) (see :meth:`ForgettableMemory.query`).
+DEFAULT_MIN_SIMILARITY = 0.5
+_UNCHANGED = object()
+
+
+class Hit(NamedTuple):
+    """One answer of :meth:`ForgettableMemory.query`.
+
+    Attributes
+    ----------
+    record_id : str
+    value : JSON value
+        A fresh copy of the stored value (decoded from its JSON text).
+    weight : float
+        The record's share of the support-vector readout at the query,
+        ``a_i k(q, x_i) / sum_j a_j k(q, x_j)`` over every held record; exactly 0 for a reserve
+        (certified-redundant) record.
+    score : float
+        The kernel similarity ``k(q, x_i) = exp(-||q - x_i||^2 / sigma^2)`` in (0, 1].
+    """
+
+    record_id: str
+    value: Any
+    weight: float
+    score: float
+
+
+@njit
+def _similarities(keys, n, q, inv_sigma2, out):
+    """out[i] = exp(-||keys[i] - q||^2 / sigma^2) for i < n (coordinate-wise, no cancellation)."""
+    d = keys.shape[1]
+    for i in range(n):
+        acc = 0.0
+        for t in range(d):
+            diff = keys[i, t] - q[t]
+            acc += diff * diff
+        out[i] = np.exp(-acc * inv_sigma2)
+
+
+def _check_budget(budget, C):
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
+        raise TypeError(f"budget must be an int or None; got {type(budget).__name__}")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1; got {budget}")
+    if budget * C < 1.0 - FEASIBILITY_TOL:
+        raise ValueError(
+            f"budget={budget} with C={C:.6g} gives budget * C < 1: so few records can never "
+            "hold the optimum (the memory would stay in warm-up); raise the budget to at "
+            "least ceil(1 / C)"
+        )
+    return int(budget)
+
+
+def _check_min_similarity(value):
+    value = check_positive(value, "min_similarity")
+    if value > 1.0:
+        raise ValueError(f"min_similarity must be in (0, 1]; got {value}")
+    return value
+
+
+class ForgettableMemory:
+    r"""A key-value memory whose deletions are exact and whose evictions are certified.
+
+    Parameters
+    ----------
+    sigma : float
+        RBF kernel width, ``k(a, b) = exp(-||a - b||^2 / sigma^2)``.
+    C : float, optional
+        Box constraint of the SVDD dual, fixed for the life of the memory.
+    nu, n0 : float, int, optional
+        Alternative to ``C``: ``C = 1 / (nu * n0)``, computed once at the reference size ``n0``
+        and never recomputed as records come and go. Give ``C`` or both ``nu`` and ``n0``.
+    budget : int, optional
+        Most records to hold. When an :meth:`add` exceeds it, reserve records (coefficient
+        exactly 0) are evicted, oldest first, by exact decrement. When the support set alone
+        exceeds the budget nothing more is evicted: the memory holds more than ``budget``
+        records, :attr:`over_budget` is True and a :class:`BudgetExceededWarning` is issued.
+        Needs ``budget * C >= 1`` (otherwise the memory could never be certified).
+    min_similarity : float in (0, 1], default 0.5
+        Support threshold of :meth:`query`: a record supports a query ``q`` when
+        ``k(q, x) >= min_similarity``, i.e. ``||q - x|| <= sigma * sqrt(ln(1 / min_similarity))``.
+    metadata : dict, optional
+        JSON-serialisable annotations saved with the memory (the command line records the text
+        encoder here).
+    signing_key : bytes, optional
+        Secret key (at least 16 bytes). With it, :meth:`save` signs files (HMAC-SHA256 over
+        the whole file) and every receipt carries a MAC (:func:`verify_receipt`).
+        :meth:`load` with ``key=`` gives the loaded memory that key.
+
+    Notes
+    -----
+    Guarantees (details and scope in ``docs/memory.md``):
+
+    * **Exact deletion.** :meth:`forget` removes the record by exact decrement: the state
+      equals a from-scratch solve of the retained records with the same C (checked by
+      ``audit=True`` to machine precision). The record's key and value are dropped; only its
+      id is kept, as a tombstone, so that a second forget is refused.
+    * **No stale answers.** A query is answered only from held records, so a forgotten
+      record's value is never returned; when no held record supports the query the answer is
+      the empty list ("no record").
+    * **Certified eviction.** A reserve record has coefficient exactly 0: evicting it changes
+      no coefficient and no hit weight; rho and the decision function stay too, except when
+      the margin set is empty (rho is then not unique and the exact decrement reports the
+      midpoint of its optimal interval, as a fresh solve does). The certificate covers the
+      current records: a later admission can make an evicted record matter again.
+    * **Transactions.** Bad input raises before anything changes; every public operation
+      (:meth:`save` included, until the file is in place) holds one lock, so concurrent
+      readers never see a half-applied operation and concurrent saves land in order.
+    * **Files.** The file checksum and the state digest detect damage, not deliberate
+      tampering (both are unkeyed and can be recomputed); see :meth:`load`. A signing key
+      adds an HMAC that does detect tampering by anyone without the key.
+    * **Threads.** Every operation holds the memory's lock. Use the return values
+      (:meth:`add_record`, :meth:`evict_reserve`, receipts), not :attr:`last_evicted`, when
+      several threads share a memory.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from svtoolkit import ForgettableMemory
+    >>> mem = ForgettableMemory(sigma=1.0, C=0.5)
+    >>> mem.add([0.0, 0.0], "origin", record_id="o")
+    'o'
+    >>> mem.add([3.0, 0.0], "east", record_id="e")
+    'e'
+    >>> [h.value for h in mem.query([2.9, 0.1])]
+    ['east']
+    >>> receipt = mem.forget("e")
+    >>> mem.query([2.9, 0.1])
+    []
+    """
+
+    def __init__(self, *, sigma, C=None, nu=None, n0=None, budget=None,
+                 min_similarity=DEFAULT_MIN_SIMILARITY, metadata=None, signing_key=None):
+        sigma = check_sigma(sigma)
+        if C is not None:
+            if nu is not None or n0 is not None:
+                raise ValueError("give either C or nu with n0, not both")
+            solver = IncrementalSVDD(C, sigma)
+        elif nu is not None and n0 is not None:
+            solver = IncrementalSVDD.from_nu(nu, n0, sigma)
+        else:
+            raise ValueError("give C, or nu together with n0 (C = 1 / (nu * n0))")
+        self._budget = _check_budget(budget, solver.C)
+        self._min_similarity = _check_min_similarity(min_similarity)
+        metadata = {} if metadata is None else metadata
+        if not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict; got {type(metadata).__name__}")
+        self._metadata_text = encode_value(metadata, "metadata")
+        self._signing_key = None if signing_key is None else check_key(signing_key,
+                                                                       "signing_key")
+        self._solver = solver
+        self._nu = None if nu is None else float(nu)
+        self._n0 = None if n0 is None else int(n0)
+        self._lock = threading.RLock()
+        self._table = _table.RecordTable()
+        self._tombstones = {}  # record_id -> (reason, time)
+        self._next_auto = 0
+        self._revision = 0
+        self._digest = None
+        self._coefficients = None  # cached coefficients hash; None when the solver moved
+        self._kkt = None  # cached KKT residual of the solver; None when the solver moved
+        self._last_evicted = ()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def C(self):
+        """The box constraint (fixed)."""
+        return self._solver.C
+
+    @property
+    def sigma(self):
+        """The RBF kernel width."""
+        return self._solver.sigma
+
+    @property
+    def budget(self):
+        """Most records to hold (None: unbounded)."""
+        return self._budget
+
+    @property
+    def min_similarity(self):
+        """Default support threshold of :meth:`query`."""
+        return self._min_similarity
+
+    @property
+    def n_features(self):
+        """Key dimension (None before the first record)."""
+        return self._table.d
+
+    @property
+    def metadata(self):
+        """A copy of the metadata dict."""
+        return json.loads(self._metadata_text)
+
+    @property
+    def certified(self):
+        """True when the held keys hold the optimum on their own (n C >= 1)."""
+        with self._lock:
+            return self._solver.certified
+
+    @property
+    def over_budget(self):
+        """True when more records are held than the budget (the support set alone exceeds it)."""
+        with self._lock:
+            return self._budget is not None and len(self._table) > self._budget
+
+    @property
+    def revision(self):
+        """Number of state-changing operations applied so far (persists across save/load)."""
+        return self._revision
+
+    @property
+    def signed(self):
+        """True when the memory has a signing key (signed saves and receipts)."""
+        return self._signing_key is not None
+
+    @property
+    def last_evicted(self):
+        """Record ids evicted by the budget during the last operation (oldest first).
+
+        After an :meth:`add` this can include the id the add just returned. It is one
+        attribute of the memory: with several threads it shows the last operation of *any*
+        thread. Threads should read the evictions from :meth:`add_record` (or the return
+        value of :meth:`evict_reserve`) instead.
+        """
+        return self._last_evicted
+
+    @property
+    def tombstones(self):
+        """dict record_id -> (reason, time): records that were forgotten or evicted."""
+        with self._lock:
+            return dict(self._tombstones)
+
+    @property
+    def record_ids(self):
+        """Held record ids in insertion order (an edited key moves its record to the end)."""
+        with self._lock:
+            return self._table.record_ids(self._solver.ids)
+
+    def __len__(self):
+        return len(self._table)
+
+    def __contains__(self, record_id):
+        """True when ``record_id`` is a held record; False for anything that is not a str."""
+        return isinstance(record_id, str) and record_id in self._table
+
+    def __repr__(self):
+        return (f"ForgettableMemory(n={len(self)}, C={self.C:.6g}, sigma={self.sigma:.6g}, "
+                f"budget={self._budget}, certified={self.certified})")
+
+    def get(self, record_id):
+        """The value of a held record (a fresh copy).
+
+        Raises
+        ------
+        KeyError
+            Unknown, forgotten or evicted record id.
+        """
+        with self._lock:
+            _, text = self._lookup(record_id)
+            return decode_value(text)
+
+    def key(self, record_id):
+        """The key of a held record, ndarray of shape (d,) (a copy)."""
+        with self._lock:
+            sid, _ = self._lookup(record_id)
+            return self._table.key(sid)
+
+    def partition(self):
+        """dict with the record ids of the margin, error and reserve sets (insertion order)."""
+        with self._lock:
+            s = self._solver
+            return {name: self._table.record_ids(ids) for name, ids in
+                    (("margin", s.margin_ids), ("error", s.error_ids),
+                     ("reserve", s.reserve_ids))}
+
+    def support_record_ids(self):
+        """Record ids with a nonzero coefficient (margin and error sets), insertion order."""
+        with self._lock:
+            s = self._solver
+            return self._table.record_ids(np.sort(np.concatenate([s.margin_ids, s.error_ids])))
+
+    # ------------------------------------------------------------------ record bookkeeping
+    def _lookup(self, record_id):
+        if not isinstance(record_id, str):
+            raise KeyError(f"record ids are str; got {record_id!r}")
+        rec = self._table.get(record_id)
+        if rec is None:
+            tomb = self._tombstones.get(record_id)
+            if tomb is not None:
+                reason, when = tomb
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+                raise KeyError(f"record {record_id!r} was already {reason} at {stamp}")
+            raise KeyError(f"unknown record id {record_id!r}")
+        return rec
+
+    def _new_record_id(self, record_id):
+        """Validate a caller's id, or pick the next free automatic one; changes nothing.
+
+        Returns
+        -------
+        record_id : str
+        next_auto : int
+            The value :attr:`_next_auto` takes once the record is admitted (unchanged for a
+            caller's id), committed by the caller only after the admission succeeded.
+        """
+        if record_id is None:
+            counter = self._next_auto
+            while True:
+                candidate = f"r{counter}"
+                counter += 1
+                if candidate not in self._table and candidate not in self._tombstones:
+                    return candidate, counter
+        check_record_id(record_id)
+        if record_id in self._table:
+            raise ValueError(f"duplicate record id {record_id!r}: it is already held "
+                             "(use edit() to change it)")
+        return record_id, self._next_auto
+
+    def _drop(self, record_id, reason, when):
+        self._table.drop(record_id)
+        if reason is not None:
+            self._tombstones[record_id] = (reason, when)
+
+    def _changed(self, solver=True):
+        self._revision += 1
+        self._digest = None
+        if solver:
+            self._coefficients = None
+            self._kkt = None
+            self._table.coefficients_changed()
+
+    def _kkt_residual(self):
+        """The solver's KKT residual, recomputed from the keys once per solver state (a
+        value-only edit leaves the solver untouched and reuses it)."""
+        if self._kkt is None:
+            self._kkt = float(self._solver.kkt_residual())
+        return self._kkt
+
+    # ------------------------------------------------------------------ digest
+    def state_digest(self):
+        """sha256 (hex) of the exact state.
+
+        Covers, and only covers: C, sigma, the budget, the support threshold
+        (``min_similarity``), the key dimension, the number of held records, rho, every held
+        record (its id, key bits and canonical value, each length-prefixed, in its insertion
+        slot), and the coefficients: their count, the positions (int64, indexes into the
+        insertion order of the held records) of the non-zero coefficients, then those
+        coefficients' float64 bits, both in insertion order (every other coefficient is
+        exactly 0.0, so this fixes every bit of the coefficient vector). Every variable-length
+        field is preceded by its length, so two different states never encode to the same
+        bytes (the rule of file format version 2; version-1 files are checked with the
+        version-1 rule when loaded, and report version-2 digests afterwards).
+
+        It does **not** cover the tombstones, the metadata, ``nu`` and ``n0`` (only the C they
+        gave), the revision, the next automatic id, or the solver's derived arrays (gradients,
+        margin kernel rows, bordered inverse). Up to sha256 collisions, two memories have the
+        same digest exactly when they have the same configuration above and hold the same
+        records in the same slots with bit-identical coefficients and rho. A receipt's
+        ``digest_after`` can be compared with the digest of a saved file later.
+
+        The digest is an unkeyed hash: it identifies a state, it does not authenticate one.
+        Whoever can write a memory file can recompute the digest (and the file checksum) for
+        a state of their choosing; only a digest kept elsewhere (a receipt) detects that.
+
+        Returns
+        -------
+        str
+            64 hex digits.
+
+        Notes
+        -----
+        The records enter through a two-level hash (per 64 insertion slots, then over the
+        blocks), so an operation rehashes only the blocks it touched; the coefficients are
+        hashed in full when the solver changed (a value-only edit reuses their hash).
+        """
+        with self._lock:
+            if self._digest is None:
+                if self._coefficients is None:
+                    self._coefficients = _table.coefficients_hash(self._solver)
+                self._digest = _table.state_digest(self._solver, self._table, self._budget,
+                                                   self._min_similarity, self._coefficients)
+            return self._digest
+
+    # ------------------------------------------------------------------ operations
+    def add(self, key, value, *, record_id=None):
+        """Store a record by exact increment (:meth:`add_record` also returns the evictions).
+
+        Parameters
+        ----------
+        key : array_like of shape (d,)
+            Finite numbers; d is fixed by the first record.
+        value : JSON value
+            str, int, float, bool, None, or lists / str-keyed dicts of those (stored as
+            canonical JSON; never pickled).
+        record_id : str, optional
+            A new id; by default ``"r0"``, ``"r1"``, ... (skipping ids in use or forgotten).
+            A forgotten or evicted id may be reused.
+
+        Returns
+        -------
+        str
+            The record id. Records evicted by the budget are listed in :attr:`last_evicted`.
+            With a budget the new record itself can be among them: reserve records go oldest
+            first, so a new reserve record is evicted at once when fewer older records are
+            reserve than must go. The returned id is then already tombstoned as "evicted"
+            (``record_id in memory`` is False).
+
+        Raises
+        ------
+        ValueError
+            Wrong dimension, NaN/inf in the key, empty or duplicate record id, a record id or
+            value with an unpaired UTF-16 surrogate (not encodable as UTF-8).
+        TypeError
+            Non-numeric key, non-str record id, value that is not JSON.
+        SolverFailure
+            The exact walk failed; the memory is as before (no automatic id is used up).
+        """
+        return self.add_record(key, value, record_id=record_id).record_id
+
+    def add_record(self, key, value, *, record_id=None):
+        """Store a record by exact increment; return its id and what this call evicted.
+
+        The same operation as :meth:`add`. The evictions are returned by the call that caused
+        them, so a thread sees its own even when others share the memory (unlike
+        :attr:`last_evicted`, which shows the last operation of any thread).
+
+        Parameters
+        ----------
+        key, value, record_id
+            As in :meth:`add`.
+
+        Returns
+        -------
+        AddResult
+            ``(record_id, evicted)``; ``evicted`` can include ``record_id`` (see :meth:`add`).
+
+        Raises
+        ------
+        ValueError, TypeError, SolverFailure
+            As in :meth:`add`; the memory is then unchanged.
+        """
+        with self._lock:
+            key = as_key(key, "key", d=self._table.d)
+            value_text = encode_value(value)
+            record_id, next_auto = self._new_record_id(record_id)
+            # everything that can fail, before the solver
+            leaf = _table.record_leaf(record_id, key, value_text)
+            sid = self._solver.add(key)  # SolverFailure: rebuilt without the key, re-raised
+            self._table.insert(int(sid), key, record_id, value_text, leaf)
+            self._next_auto = next_auto
+            self._tombstones.pop(record_id, None)
+            self._changed()
+            evicted = self._enforce_budget() if self._budget is not None else ()
+            self._last_evicted = evicted
+            return AddResult(record_id, evicted)
+
+    def _enforce_budget(self):
+        excess = len(self._table) - self._budget
+        if excess <= 0 or not self._solver.certified:
+            return ()
+        evicted = self._evict(excess)
+        if len(self._table) > self._budget:
+            warnings.warn(
+                f"the support set holds {len(self._table)} records, more than the budget "
+                f"{self._budget}: only reserve records can be evicted with a certificate, so "
+                "the memory is over budget (lower nu / raise C, or raise the budget)",
+                BudgetExceededWarning, stacklevel=3,
+            )
+        return evicted
+
+    def _evict(self, count):
+        evicted = []
+        when = time.time()
+        for sid in self._solver.reserve_ids[:count]:
+            record_id = self._table.record_id(sid)
+            try:
+                self._solver.remove(int(sid))
+            except SolverFailure as exc:  # the solver still holds the record: stop evicting
+                warnings.warn(f"eviction of {record_id!r} stopped: {exc}",
+                              BudgetExceededWarning, stacklevel=4)
+                break
+            self._drop(record_id, "evicted", when)
+            evicted.append(record_id)
+        if evicted:
+            self._changed()
+        return tuple(evicted)
+
+    def evict_reserve(self, count=None):
+        """Certified eviction on demand: drop reserve records (coefficient exactly 0).
+
+        Oldest first, by exact decrement; ``count`` limits how many (default: all). No
+        coefficient and no hit weight changes; nor does the decision function unless the
+        margin set is empty (then rho moves to the midpoint of its optimal interval, as in a
+        fresh solve). Nothing is evicted during warm-up (nothing is certified then).
+
+        Returns
+        -------
+        tuple of str
+            The evicted record ids (also in :attr:`last_evicted`; tombstoned as "evicted").
+        """
+        if count is not None and (isinstance(count, bool) or
+                                  not isinstance(count, numbers.Integral) or count < 0):
+            raise ValueError(f"count must be an integer >= 0 or None; got {count!r}")
+        with self._lock:
+            if not self._solver.certified:
+                self._last_evicted = ()
+            else:
+                self._last_evicted = self._evict(len(self._table) if count is None
+                                                 else int(count))
+            return self._last_evicted
+
+    def forget(self, record_id, *, audit=False, verify=True):
+        """Delete a record by exact decrement and return a receipt.
+
+        Afterwards the memory equals a from-scratch solve of the retained records with the
+        same C; the record's key and value are gone and its id is kept as a tombstone.
+
+        Parameters
+        ----------
+        record_id : str
+        audit : bool, default False
+            Also solve the retained records from scratch and report the largest
+            decision-function deviation (cost: a full solve).
+        verify : bool, default True
+            Recompute the KKT residual from the keys (cost O(n |support| d), usually more than
+            the deletion itself). With False the receipt's ``kkt_residual`` is None.
+
+        Returns
+        -------
+        DeletionReceipt
+
+        Raises
+        ------
+        KeyError
+            Unknown id, or an id already forgotten or evicted. Nothing changes.
+        """
+        with self._lock:
+            sid, _ = self._lookup(record_id)
+            before = self.state_digest()
+            removed = self._table.key(sid)
+            self._solver.remove(sid)  # SolverFailure: state as before, re-raised
+            when = time.time()
+            self._drop(record_id, "forgotten", when)
+            self._changed()
+            self._last_evicted = ()
+            return self._receipt("forget", record_id, when, before, [removed], audit, verify)
+
+    def edit(self, record_id, *, value=_UNCHANGED, key=None, audit=False, verify=True):
+        """Change a record: an exact remove-and-add.
+
+        With a new ``key`` the old key is removed by exact decrement and the new one admitted
+        by exact increment (the record moves to the end of the insertion order), so the state
+        equals a from-scratch solve of the other records plus the new one. A value-only edit
+        leaves the solver untouched (the keys are unchanged) and drops the old value; its
+        cost does not grow with the solver: the receipt's KKT residual is the one already
+        computed for the unchanged solver state (by an earlier receipt or by :meth:`load`;
+        computed once if there is none) and the digest rehashes one record block.
+
+        Parameters
+        ----------
+        record_id : str
+        value : JSON value, optional
+            New value (``None`` is a valid JSON value; omit the argument to keep the old one).
+        key : array_like of shape (d,), optional
+            New key.
+        audit, verify : bool
+            As in :meth:`forget`.
+
+        Returns
+        -------
+        DeletionReceipt
+            ``operation="edit"``.
+        """
+        with self._lock:
+            sid, old_text = self._lookup(record_id)
+            if key is None and value is _UNCHANGED:
+                raise ValueError("edit needs a new value, a new key, or both")
+            new_key = None if key is None else as_key(key, "key", d=self._table.d)
+            new_text = old_text if value is _UNCHANGED else encode_value(value)
+            before = self.state_digest()
+            old_key = self._table.key(sid)
+            # everything that can fail is computed before the state changes
+            leaf = _table.record_leaf(record_id, old_key if new_key is None else new_key,
+                                      new_text)
+            when = time.time()
+            if new_key is None:
+                self._table.set_value(record_id, new_text, leaf)
+                probes = [old_key]
+            else:
+                self._replace_key(record_id, sid, old_key, old_text, new_key, new_text, leaf)
+                probes = [old_key, new_key]
+            self._changed(solver=new_key is not None)
+            self._last_evicted = ()
+            return self._receipt("edit", record_id, when, before, probes, audit, verify)
+
+    def _replace_key(self, record_id, sid, old_key, old_text, new_key, new_text, leaf):
+        """Exact remove of the old key and add of the new one (the edit's solver part)."""
+        self._solver.remove(sid)
+        self._drop(record_id, None, None)
+        try:
+            new_sid = self._solver.add(new_key)
+        except SolverFailure as exc:
+            restored = self._solver.add(old_key)
+            self._table.insert(int(restored), old_key, record_id, old_text,
+                               _table.record_leaf(record_id, old_key, old_text))
+            self._changed()
+            raise SolverFailure(
+                f"edit of {record_id!r} failed while admitting the new key ({exc}); "
+                "the old key and value were re-admitted at the end of the order"
+            ) from exc
+        self._table.insert(int(new_sid), new_key, record_id, new_text, leaf)
+
+    def _receipt(self, operation, record_id, when, before, probes, audit, verify):
+        deviation = None
+        if audit and len(self._table):
+            deviation = self._fresh_deviation(np.vstack(probes))
+        receipt = DeletionReceipt(
+            operation=operation,
+            record_id=record_id,
+            time=when,
+            kkt_residual=self._kkt_residual() if verify else None,
+            digest_before=before,
+            digest_after=self.state_digest(),
+            n_records=len(self._table),
+            certified=self._solver.certified,
+            audit_deviation=deviation,
+            revision=self._revision,
+        )
+        if self._signing_key is None:
+            return receipt
+        return dataclasses.replace(receipt, mac=receipt_mac(self._signing_key,
+                                                            receipt.signed_fields()))
+
+    def _fresh_deviation(self, extra_probes=None):
+        keys = self._solver.keys
+        fresh = IncrementalSVDD(self._solver.C, self._solver.sigma)
+        fresh.extend(keys)
+        probes = keys if extra_probes is None else np.vstack([keys, extra_probes])
+        return float(np.max(np.abs(self._solver.decision_function(probes)
+                                   - fresh.decision_function(probes))))
+
+    # ------------------------------------------------------------------ reading
+    def query(self, q, k=1, *, min_similarity=None):
+        """The held records nearest to ``q`` that support it.
+
+        A record *supports* ``q`` when its kernel similarity
+        ``k(q, x) = exp(-||q - x||^2 / sigma^2)`` is at least ``min_similarity``. The answer
+        lists up to ``k`` supporting records by decreasing similarity (ties: older first).
+        **An empty list is the "no record" answer**: nothing held supports the query. A
+        forgotten or evicted record is never returned, whatever the query.
+
+        Parameters
+        ----------
+        q : array_like of shape (d,)
+        k : int, default 1
+        min_similarity : float in (0, 1], optional
+            Overrides the memory's threshold for this query.
+
+        Returns
+        -------
+        list of Hit
+        """
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"k must be an integer >= 1; got {k!r}")
+        tau = self._min_similarity if min_similarity is None else check_positive(
+            min_similarity, "min_similarity")
+        if tau > 1.0:
+            raise ValueError(f"min_similarity must be in (0, 1]; got {tau}")
+        with self._lock:
+            table = self._table
+            q = as_key(q, "q", d=table.d)
+            n = table.n
+            if n == 0:
+                return []
+            table.sync_alpha(self._solver)
+            sims = np.empty(n)
+            _similarities(table.keys, n, q, 1.0 / (self.sigma * self.sigma), sims)
+            rows = np.flatnonzero(sims >= tau)
+            if rows.size == 0:
+                return []
+            gated = table.row_alpha[:n] * sims
+            total = float(gated.sum())
+            order = np.lexsort((table.row_sid[rows], -sims[rows]))[: int(k)]
+            hits = []
+            for row in rows[order]:
+                record_id = table.record_id(table.row_sid[row])
+                hits.append(Hit(record_id, decode_value(table.get(record_id)[1]),
+                                float(gated[row] / total) if total > 0.0 else 0.0,
+                                float(sims[row])))
+            return hits
+
+    def decision_function(self, X):
+        """SVDD decision function ``f(x) = 2 sum_i a_i k(x, x_i) - 1 + rho`` of the held keys.
+
+        f > 0 inside the description, 0 on its boundary, < 0 outside.
+
+        Parameters
+        ----------
+        X : array_like of shape (m, d)
+
+        Returns
+        -------
+        ndarray of shape (m,)
+        """
+        with self._lock:
+            if not len(self._table):
+                raise ValueError("decision_function needs at least one record in the memory")
+            return self._solver.decision_function(as_keys(X, "X", d=self._table.d))
+
+    def audit(self, probes=None):
+        """Recompute the certificate: KKT residual and deviation from a fresh solve.
+
+        Parameters
+        ----------
+        probes : array_like of shape (m, d), optional
+            Extra points at which to compare the decision functions.
+
+        Returns
+        -------
+        AuditReport
+        """
+        with self._lock:
+            extra = None if probes is None else as_keys(probes, "probes", d=self._table.d)
+            s = self._solver
+            self._kkt = float(s.kkt_residual())  # an audit always recomputes
+            return AuditReport(
+                n_records=len(self._table),
+                n_margin=len(s.margin_ids),
+                n_error=len(s.error_ids),
+                n_reserve=len(s.reserve_ids),
+                certified=s.certified,
+                kkt_residual=self._kkt,
+                fresh_deviation=self._fresh_deviation(extra) if len(self._table) else None,
+                digest=self.state_digest(),
+                budget=self._budget,
+                over_budget=self.over_budget,
+            )
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path, *, key=None):
+        """Write the memory to ``path`` atomically (signed when there is a key).
+
+        Steps: resolve ``path`` (a symlink's target is the file rewritten; the link stays);
+        remove temporary files that earlier crashed saves of this store left (they can hold
+        records forgotten since); write a temporary file in the same directory, fsync it;
+        rename it over the target - **the commit point**; fsync the directory. A failure
+        before the rename raises and leaves the previous file; a crash at any point leaves
+        the previous file or the new one, never a mix. A failed directory fsync after the
+        rename cannot undo it: it is a :class:`DurabilityWarning`, not an error. The file is
+        created readable by its owner only. Format: ``docs/memory.md`` (version
+        :data:`FORMAT_VERSION`, sha256 checksum, optional HMAC-SHA256, no pickle).
+
+        The memory's lock is held until the file is in place, so concurrent saves of one
+        memory land in the order of its operations: a save never replaces a file with an
+        older state than one already saved by another thread (which would bring back a
+        forgotten record). Operations on the memory wait for a save in progress. Processes
+        sharing a store must serialise load-change-save with :func:`store_lock` (the command
+        line does).
+
+        Parameters
+        ----------
+        path : str or path-like
+        key : bytes, optional
+            Signing key (at least 16 bytes); default: the memory's own (``signing_key``,
+            or the key it was loaded with). With a key the file carries an HMAC-SHA256 over
+            all its bytes, checked by ``load(path, key=...)``.
+
+        Raises
+        ------
+        OSError
+            The file could not be written (before the commit point; nothing changed).
+
+        Warns
+        -----
+        DurabilityWarning
+            The save is committed but the directory fsync failed.
+        """
+        key = self._signing_key if key is None else check_key(key)
+        with self._lock:
+            _atomic.atomic_write(path, self._serialize(key))
+
+    def _serialize(self, key):
+        sids = self._solver.ids
+        records = [[rid, int(s), self._table.get(rid)[1]]
+                   for s, rid in zip(sids, self._table.record_ids(sids), strict=True)]
+        return _format.serialize(
+            self._solver.state_dict(),
+            config={"C": self.C, "sigma": self.sigma, "nu": self._nu, "n0": self._n0,
+                    "budget": self._budget, "min_similarity": self._min_similarity},
+            metadata_text=self._metadata_text,
+            records=records,
+            tombstones=[[rid, reason, when] for rid, (reason, when) in
+                        self._tombstones.items()],
+            next_auto=self._next_auto,
+            revision=self._revision,
+            digest=self.state_digest(),
+            key=key,
+        )
+
+    @classmethod
+    def load(cls, path, *, key=None, check_kkt=True):
+        """Read a memory written by :meth:`save`, refusing anything that does not verify.
+
+        Checks, in order: the magic bytes and the format version (1 or 2), the sha256
+        checksum of the whole file, with a ``key`` the HMAC (before anything else is parsed),
+        the structure of the header and arrays, the solver's internal consistency, the record
+        table, the tombstones (known reason, id not held, time a finite number of seconds in
+        [0, year 9999]) and counters (integers >= 0), the KKT residual recomputed from the
+        stored keys (at most :data:`KKT_TOL`) together with the maintained gradients,
+        bordered inverse and margin kernel rows against a fresh evaluation
+        (:meth:`IncrementalSVDD.consistency`; cost O(n |support| d + m n d)), and the state
+        digest (by the rule of the file's version). Values are read as JSON; nothing is
+        unpickled.
+
+        Without a key, the checksum detects damage, not deliberate tampering: it is an unkeyed
+        sha256, which anyone who can write the file can recompute, and so is the stored
+        digest. A file edited with both recomputed is refused only if the edit breaks the
+        structure, the KKT conditions (a coefficient or key changed) or the solver's
+        consistency; tombstones, metadata, ``nu``/``n0``, the revision and the next automatic
+        id are covered by the checksum alone (see :meth:`state_digest`). With a key, any
+        change by someone without the key is refused. Neither detects a *replayed* older
+        file signed with the same key: compare with the newest receipt
+        (:meth:`check_receipt`).
+
+        Parameters
+        ----------
+        path : str or path-like
+        key : bytes, optional
+            Signing key. The file must then carry a valid HMAC-SHA256; the loaded memory keeps
+            the key (its saves and receipts are signed). Without a key a signed file loads
+            too, its MAC unchecked.
+        check_kkt : bool, default True
+            Recompute the KKT residual and compare the solver's maintained quantities
+            (gradients, bordered inverse, margin kernel rows) with a fresh evaluation from the
+            keys - the checks that catch a modified coefficient, key or solver array whose
+            checksum was recomputed, and that keep later deletions exact. Only skip it for
+            files you wrote yourself.
+
+        Returns
+        -------
+        ForgettableMemory
+
+        Raises
+        ------
+        MemoryAuthenticationError
+            With a key: the file is not signed, or its MAC does not verify (modified, or
+            signed with another key). A subclass of :class:`MemoryFileError`.
+        MemoryFileError
+            Not a memory file, unsupported version, checksum mismatch, inconsistent or
+            malformed contents (including a header that is not a JSON object or is nested too
+            deeply), a solver state a fresh evaluation contradicts (KKT residual, gradients,
+            inverse, kernel rows), or a digest mismatch. Names the problem.
+        OSError
+            The file cannot be read.
+        """
+        key = None if key is None else check_key(key)
+        data = _atomic.read_file(path)
+        try:
+            return cls._from_contents(_format.parse_file(data, key), key, check_kkt)
+        except MemoryFileError as exc:
+            raise type(exc)(f"{path}: {exc}") from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError,
+                struct.error) as exc:
+            raise MemoryFileError(f"{path}: malformed contents ({type(exc).__name__}: "
+                                  f"{exc})") from exc
+
+    @classmethod
+    def _from_contents(cls, contents, key, check_kkt):
+        """A memory built by the constructor from a parsed file, then filled and verified."""
+        try:
+            solver = IncrementalSVDD.from_state_dict(contents.solver_state)
+        except ValueError as exc:
+            raise MemoryFileError(f"inconsistent solver state: {exc}") from exc
+        config = contents.config
+        if config["C"] != solver.C or config["sigma"] != solver.sigma:
+            raise MemoryFileError("configuration disagrees with the solver state (C, sigma)")
+        mem = cls(sigma=solver.sigma, C=solver.C, budget=config["budget"],
+                  min_similarity=config["min_similarity"],
+                  metadata=json.loads(contents.metadata_text), signing_key=key)
+        mem._restore(solver, contents, nu=config["nu"], n0=config["n0"])
+        if check_kkt:
+            found = solver.consistency()
+            _format.check_solver_numbers(found)
+            mem._kkt = float(found["kkt_residual"])
+        stored = mem.state_digest() if contents.version >= 2 else _table.state_digest_v1(
+            solver, mem._table, mem._budget, mem._min_similarity)
+        if stored != contents.digest:
+            raise MemoryFileError("state digest mismatch: the records differ from what was "
+                                  "saved")
+        return mem
+
+    def _restore(self, solver, contents, *, nu, n0):
+        """Install a loaded solver and its record table into this freshly built memory."""
+        self._solver = solver
+        self._nu = None if nu is None else float(nu)
+        self._n0 = None if n0 is None else int(n0)
+        self._table = _table.RecordTable(solver.n_features)
+        records = contents.records
+        if [int(r[1]) for r in records] != solver.ids.tolist():
+            raise MemoryFileError("record table does not match the solver's keys")
+        for (record_id, sid, text), key in zip(records, solver.keys, strict=True):
+            check_record_id(record_id)
+            if record_id in self._table:
+                raise MemoryFileError(f"record id {record_id!r} appears twice")
+            if encode_value(json.loads(text)) != text:
+                raise MemoryFileError(f"value of {record_id!r} is not canonical JSON")
+            self._table.insert(int(sid), key, record_id, text,
+                               _table.record_leaf(record_id, key, text))
+        self._tombstones = _format.parse_tombstones(contents.tombstones, self._table,
+                                                    check_record_id)
+        self._next_auto = contents.next_auto
+        self._revision = contents.revision
+        self._digest = None
+        self._coefficients = None
+        self._kkt = None
+
+    def check_receipt(self, receipt):
+        """Check that a signed receipt is authentic and that this memory is not older.
+
+        A replayed file (an older file signed with the same key, e.g. one that still holds a
+        forgotten record) passes :meth:`load`; against the newest receipt it fails here. The
+        memory must be at the receipt's revision with the receipt's ``digest_after``, or at a
+        later revision.
+
+        Parameters
+        ----------
+        receipt : DeletionReceipt or dict
+            A receipt of this memory's lineage, or its JSON form.
+
+        Raises
+        ------
+        ValueError
+            The memory has no signing key.
+        ReceiptError
+            The receipt's MAC does not verify with the memory's key, or it has no revision.
+        StaleStateError
+            The memory is at a lower revision than the receipt (replayed or rolled back), or
+            at the same revision with another state (forked or forged).
+        """
+        if self._signing_key is None:
+            raise ValueError("check_receipt needs a memory with a signing key (load it with "
+                             "key=...)")
+        if not verify_receipt(receipt, self._signing_key):
+            raise ReceiptError("the receipt's MAC does not verify with this memory's key "
+                               "(unsigned, altered, or signed with another key)")
+        fields = receipt.signed_fields() if isinstance(receipt, DeletionReceipt) else receipt
+        revision, digest = fields["revision"], fields["digest_after"]
+        if isinstance(revision, bool) or not isinstance(revision, int):
+            raise ReceiptError(f"the receipt has no revision (got {revision!r})")
+        with self._lock:
+            if self._revision < revision:
+                raise StaleStateError(
+                    f"the memory is at revision {self._revision}, older than the receipt's "
+                    f"revision {revision} ({fields['operation']} of "
+                    f"{fields['record_id']!r}): the file was replayed or rolled back")
+            if self._revision == revision and self.state_digest() != digest:
+                raise StaleStateError(
+                    f"the memory is at the receipt's revision {revision} but its state digest "
+                    "differs from the receipt's digest_after: not the state the receipt "
+                    "certifies")

@@ -1,0 +1,262 @@
+"""Signed memory files and receipts: HMAC-SHA256 under a secret key.
+
+Seeds: every test draws from np.random.default_rng(<seed in the test>).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from svtoolkit.cli import main
+from svtoolkit.memory import (
+    DeletionReceipt,
+    ForgettableMemory,
+    MemoryAuthenticationError,
+    MemoryFileError,
+    ReceiptError,
+    StaleStateError,
+    verify_receipt,
+)
+
+KEY = b"k" * 16 + b"-the-auditors-key"
+OTHER = b"o" * 32
+HEADER = struct.Struct("<8sIIQ")  # magic, version, flags, header length
+
+
+def signed_memory(seed=0, n=12):
+    rng = np.random.default_rng(seed)
+    mem = ForgettableMemory(sigma=1.5, C=0.3, signing_key=KEY)
+    for i, x in enumerate(rng.standard_normal((n, 3))):
+        mem.add(x, {"i": i}, record_id=f"k{i}")
+    return mem
+
+
+def recompute_checksum(body):
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "signed.svtk"
+    signed_memory().save(path)
+    return path
+
+
+# ------------------------------------------------------------------ files
+def test_signed_round_trip(saved):
+    loaded = ForgettableMemory.load(saved, key=KEY)
+    assert loaded.signed and len(loaded) == 12
+    assert ForgettableMemory.load(saved).signed is False  # no key: the MAC is not checked
+
+
+def test_unsigned_file_is_refused_with_a_key(tmp_path):
+    path = tmp_path / "plain.svtk"
+    ForgettableMemory(sigma=1.0, C=0.5).save(path)
+    with pytest.raises(MemoryAuthenticationError, match="the file is not signed"):
+        ForgettableMemory.load(path, key=KEY)
+
+
+def test_flipped_byte_with_recomputed_checksum_is_refused(saved):
+    """The revision is outside the digest: without a key, only the checksum guards it."""
+    data = saved.read_bytes()
+    assert HEADER.unpack_from(data, 0)[2] == 1  # signed
+    assert data.count(b'"revision":12,') == 1
+    forged = data[:-32].replace(b'"revision":12,', b'"revision":13,')  # one byte flipped
+    saved.write_bytes(recompute_checksum(forged))
+    assert ForgettableMemory.load(saved).revision == 13  # the unkeyed checks cannot tell
+    with pytest.raises(MemoryAuthenticationError, match="MAC mismatch: the file was modified"):
+        ForgettableMemory.load(saved, key=KEY)
+
+
+def test_stripped_mac_is_refused(saved):
+    data = saved.read_bytes()
+    magic, version, _, hlen = HEADER.unpack_from(data, 0)
+    body = HEADER.pack(magic, version, 0, hlen) + data[HEADER.size:-64]  # flag and MAC gone
+    saved.write_bytes(recompute_checksum(body))
+    assert len(ForgettableMemory.load(saved)) == 12  # a valid unsigned file now
+    with pytest.raises(MemoryAuthenticationError, match="not signed .* MAC was stripped"):
+        ForgettableMemory.load(saved, key=KEY)
+
+
+def test_mac_from_another_key_is_refused(tmp_path):
+    path = tmp_path / "other.svtk"
+    signed_memory().save(path, key=OTHER)
+    with pytest.raises(MemoryAuthenticationError, match="signed with another key"):
+        ForgettableMemory.load(path, key=KEY)
+    assert ForgettableMemory.load(path, key=OTHER).signed
+
+
+def test_unknown_flags_are_refused(saved):
+    data = bytearray(saved.read_bytes())
+    struct.pack_into("<I", data, 12, 0x3)
+    saved.write_bytes(recompute_checksum(bytes(data[:-32])))
+    with pytest.raises(MemoryFileError, match="unknown flags 0x3"):
+        ForgettableMemory.load(saved)
+
+
+@pytest.mark.parametrize("key, exc, match", [
+    ("a text key of 24 chars..", TypeError, "key must be bytes .* encode text keys"),
+    (b"short", ValueError, "at least 16 bytes; got 5"),
+    (12345, TypeError, "key must be bytes"),
+])
+def test_bad_keys_are_refused(saved, key, exc, match):
+    with pytest.raises(exc, match=match):
+        ForgettableMemory.load(saved, key=key)
+    with pytest.raises(exc, match=match):
+        ForgettableMemory(sigma=1.0, C=0.5, signing_key=key)
+    with pytest.raises(exc, match=match):
+        signed_memory().save(saved, key=key)
+
+
+def test_mac_comparisons_are_constant_time(saved, monkeypatch):
+    calls = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        calls.append((type(a), type(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    ForgettableMemory.load(saved, key=KEY)
+    assert calls == [(bytes, bytes)]
+    receipt = ForgettableMemory.load(saved, key=KEY).forget("k1")
+    assert verify_receipt(receipt, KEY)
+    assert calls[-1] == (str, str) and len(calls) == 3
+
+
+# ------------------------------------------------------------------ receipts
+def test_receipts_carry_a_mac_that_verifies():
+    mem = signed_memory()
+    receipt = mem.forget("k3", audit=True)
+    assert isinstance(receipt, DeletionReceipt) and len(receipt.mac) == 64
+    assert receipt.revision == mem.revision
+    assert verify_receipt(receipt, KEY)
+    assert verify_receipt(json.loads(json.dumps(receipt.to_dict())), KEY)  # as printed
+    assert not verify_receipt(receipt, OTHER)
+    forged = receipt.to_dict() | {"record_id": "k4"}
+    assert not verify_receipt(forged, KEY)
+    assert not verify_receipt(receipt.to_dict() | {"mac": None}, KEY)
+    assert not verify_receipt(receipt.to_dict() | {"mac": "é" * 64}, KEY)
+    edit = mem.edit("k5", value="new")
+    assert verify_receipt(edit, KEY) and edit.revision == receipt.revision + 1
+
+
+def test_unsigned_memory_gives_unsigned_receipts():
+    mem = ForgettableMemory(sigma=1.0, C=0.5)
+    mem.add([0.0], "a", record_id="a")
+    receipt = mem.forget("a")
+    assert receipt.mac is None and not verify_receipt(receipt, KEY)
+
+
+def test_verify_receipt_rejects_bad_input():
+    with pytest.raises(ValueError, match="receipt is missing field"):
+        verify_receipt({"operation": "forget"}, KEY)
+    with pytest.raises(TypeError, match="receipt must be a DeletionReceipt"):
+        verify_receipt("receipt", KEY)
+
+
+def test_replayed_older_file_is_caught_by_the_newest_receipt(tmp_path):
+    path, old = tmp_path / "m.svtk", tmp_path / "old-copy.svtk"
+    mem = signed_memory()
+    mem.save(path)
+    shutil.copyfile(path, old)  # the attacker keeps the state that still holds k2
+    receipt = mem.forget("k2")
+    mem.save(path)
+    ForgettableMemory.load(path, key=KEY).check_receipt(receipt)  # the real file: fine
+    shutil.copyfile(old, path)  # replay
+    replayed = ForgettableMemory.load(path, key=KEY)  # its MAC is genuine
+    assert "k2" in replayed
+    with pytest.raises(StaleStateError, match="older than the receipt's revision .* replayed"):
+        replayed.check_receipt(receipt)
+    with pytest.raises(StaleStateError, match="older than the receipt"):
+        replayed.check_receipt(json.loads(json.dumps(receipt.to_dict())))
+
+
+def test_later_states_pass_and_forks_fail_the_receipt_check():
+    mem = signed_memory()
+    receipt = mem.forget("k2")
+    mem.check_receipt(receipt)
+    mem.add([5.0, 5.0, 5.0], "later", record_id="later")
+    mem.check_receipt(receipt)  # a later revision follows the receipt
+    fork = signed_memory()
+    fork.forget("k3")  # same revision, another state
+    with pytest.raises(StaleStateError, match="state digest differs"):
+        fork.check_receipt(receipt)
+    with pytest.raises(ReceiptError, match="does not verify"):
+        mem.check_receipt(receipt.to_dict() | {"revision": 0})
+    plain = ForgettableMemory(sigma=1.0, C=0.5)
+    with pytest.raises(ValueError, match="needs a memory with a signing key"):
+        plain.check_receipt(receipt)
+
+
+# ------------------------------------------------------------------ command line
+def cli(capsys, *argv):
+    code = main(["memory", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_signs_with_a_key_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SVTOOLKIT_MEMORY_KEY", raising=False)
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY + b"\n")  # a trailing newline is not part of the key
+    store = tmp_path / "s.svtk"
+    k = ["--key-file", key_file]
+    code, out, _ = cli(capsys, "init", store, "--sigma", 1.0, "--C", 0.5, *k)
+    assert code == 0 and "(signed)" in out
+    cli(capsys, "add", store, "--key", "0,0", "--value", "secret", "--id", "a", *k)
+    cli(capsys, "add", store, "--key", "3,0", "--value", "b", "--id", "b", *k)
+    code, out, _ = cli(capsys, "forget", store, "a", *k)
+    receipt = json.loads(out)
+    assert code == 0 and verify_receipt(receipt, KEY)
+    ForgettableMemory.load(store, key=KEY)
+    code, _, err = cli(capsys, "list", store)  # no key: a signed file still reads
+    assert code == 0
+    receipt_file = tmp_path / "receipt.json"
+    receipt_file.write_text(json.dumps(receipt))
+    code, out, _ = cli(capsys, "check-receipt", store, receipt_file, *k)
+    assert code == 0 and out.startswith("ok:")
+    wrong = tmp_path / "wrong"
+    wrong.write_bytes(OTHER)
+    code, _, err = cli(capsys, "list", store, "--key-file", wrong)
+    assert code == 1 and "MAC mismatch" in err and len(err.splitlines()) == 1
+
+
+def test_cli_takes_the_key_from_the_environment(tmp_path, capsys, monkeypatch):
+    store, old = tmp_path / "s.svtk", tmp_path / "old.svtk"
+    monkeypatch.setenv("SVTOOLKIT_MEMORY_KEY", KEY.decode())
+    assert cli(capsys, "init", store, "--sigma", 1.0, "--C", 0.5)[0] == 0
+    cli(capsys, "add", store, "--key", "0,0", "--value", "secret", "--id", "a")
+    cli(capsys, "add", store, "--key", "3,0", "--value", "b", "--id", "b")
+    shutil.copyfile(store, old)
+    code, out, _ = cli(capsys, "forget", store, "a")
+    receipt_file = tmp_path / "r.json"
+    receipt_file.write_text(out)
+    shutil.copyfile(old, store)  # replay the file that still holds "a"
+    code, _, err = cli(capsys, "check-receipt", store, receipt_file)
+    assert code == 1 and err.startswith("error: ") and "replayed or rolled back" in err
+    monkeypatch.setenv("SVTOOLKIT_MEMORY_KEY", "too-short")
+    code, _, err = cli(capsys, "list", store)
+    assert code == 1 and "at least 16 bytes" in err
+
+
+def test_cli_sign_and_key_required(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SVTOOLKIT_MEMORY_KEY", raising=False)
+    store = tmp_path / "s.svtk"
+    cli(capsys, "init", store, "--sigma", 1.0, "--C", 0.5)
+    code, _, err = cli(capsys, "sign", store)
+    assert code == 1 and "sign needs a key" in err
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY)
+    assert cli(capsys, "sign", store, "--key-file", key_file)[0] == 0
+    assert ForgettableMemory.load(store, key=KEY).signed
+    # --key (a record key) is never read as an abbreviation of --key-file
+    with pytest.raises(SystemExit):
+        main(["memory", "list", str(store), "--key", str(key_file)])
