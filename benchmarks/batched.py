@@ -1,4 +1,4 @@
-"""Throughput of the batched training path (issue 5): problems per second.
+"""Throughput of the batched training path (no certificate; docs/design.md §5): problems/s.
 
 For G in {64, 1024, 8192} problems of n in {64, 256} Gaussian keys (d = 6, sigma = median pairwise
 distance of each problem, C = 1 / (0.2 n)), one timed call is the whole batched path on a Gram

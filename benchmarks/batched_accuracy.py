@@ -1,4 +1,4 @@
-"""Accuracy of the batched training path against the exact solver (issue 5).
+"""Accuracy of the batched training path against the exact solver (docs/design.md §5).
 
 For every regime (a dict, :data:`REGIMES`, so more can be added), key count n and nu, draw P
 problems; solve each exactly with :class:`svtoolkit.IncrementalSVDD` (fp64, the reference) and

@@ -1,7 +1,7 @@
 """Forward+backward step time of every attention layer in one small language model.
 
-The model is :class:`svtoolkit.torch.TinyLM` at the SV-Attention paper's 3.22M configuration
-(000_a3469575cc0b2d8e.txt, Sec. 7 and App. C): a pre-norm decoder, 4 layers, d_model 256,
+The model is :class:`svtoolkit.torch.TinyLM` at the 3.22M configuration of Forgetful Attention
+(arXiv:2607.12204), §7 and App. C: a pre-norm decoder, 4 layers, d_model 256,
 4 heads, block 256, byte vocabulary (256), learned positional embeddings, weight-tied head,
 GELU MLP of width 4 d_model. Only the attention module changes between rows; it is looked up
 by name in ``svtoolkit.torch.layers.ATTENTION_LAYERS`` (options via ``LAYER_OPTIONS`` or
@@ -9,8 +9,8 @@ by name in ``svtoolkit.torch.layers.ATTENTION_LAYERS`` (options via ``LAYER_OPTI
 (batched training path: Numba FISTA partition finder on the CPU, ridged bordered solve,
 autograd).
 
-Goal (issue 6): the SV hybrid step at most 2x the unfused softmax step on a CPU (published:
-6.1x on an M3 Ultra CPU). GPU rows are not measured by this script (CPU only).
+Goal (the project's CPU target): the SV hybrid step at most 2x the unfused softmax step on a
+CPU (published: 6.1x on an M3 Ultra CPU). GPU rows are not measured by this script (CPU only).
 
 Method: rows are timed in interleaved rounds (round r times every layer once), after warm-up
 steps, so slow drifts of the machine hit all rows alike. One step = forward, cross-entropy,
@@ -63,7 +63,7 @@ LAYER_OPTIONS: dict[str, dict] = {
     "sv_hybrid": {"chunk": 64, "C": 0.25, "fista_iters": 80},
     "sv": {"chunk": 64, "C": 0.25, "fista_iters": 80},
 }
-#: Issue 6: SV hybrid step / softmax step on a CPU, at most.
+#: The project's CPU target: SV hybrid step / softmax step on a CPU, at most.
 SV_HYBRID_GOAL = 2.0
 # extra rows that reuse a registered class with other options: row name -> registry name
 ALIASES = {"tensor_cache_delta": "tensor_cache"}
@@ -236,7 +236,7 @@ def markdown_table(rows: list[dict], batch: int, goal=None, threads=None) -> str
     lines.append(f"\nbatch {batch} x block {CONFIG['block']}, fp32, CPU ({threads} threads); "
                  "GPU rows: not measured")
     if goal is not None:
-        lines.append(f"\nGoal (issue 6): {goal['goal']} - measured {goal['ratio']:.2f}x: "
+        lines.append(f"\nGoal (CPU target): {goal['goal']} - measured {goal['ratio']:.2f}x: "
                      f"{'met' if goal['met'] else 'NOT met'} (published: "
                      f"{goal['published_ratio']}x)")
     return "\n".join(lines)

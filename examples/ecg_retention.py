@@ -1,4 +1,5 @@
-"""Retention of a rare event in a real, redundant physiological stream (paper 000 §6).
+"""Retention of a rare event in a real, redundant physiological stream (Forgetful Attention
+(arXiv:2607.12204), §6).
 
 The paper's anchor is MIMIC-IV: at a budget equal to the support set (about 33 % of each ICU
 stay) the certified gate kept 0.80 of the rare deterioration hours against 0.05 for

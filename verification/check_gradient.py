@@ -1,4 +1,5 @@
-"""Verification: the exact gate's inverse-reusing backward (paper 000 App. A).
+"""Verification: the exact gate's inverse-reusing backward (Forgetful Attention
+(arXiv:2607.12204), App. A).
 
 ``run(quick=True) -> list[dict]``, one record per check, each
 ``{"name", "passed", "value", "tolerance", "op", "detail"}`` (value <= tolerance passes; without

@@ -1,4 +1,5 @@
-"""Check 6: certified eviction, and the documented scope of its certificate (paper §5).
+"""Check 6: certified eviction, and the documented scope of its certificate (Forgetful Attention
+(arXiv:2607.12204), §5).
 
 *Certificate.* A reserve token has coefficient exactly 0 (complementary slackness), so evicting
 every reserve token leaves every coefficient, rho, the decision function and every readout
@@ -29,7 +30,7 @@ __all__ = ["EVICTION", "SCOPE_CASE", "run_eviction", "certified_eviction", "scop
 EVICTION = {"contexts": 10, "n": 60, "d": 4, "sigma": 1.5, "nu": 0.2, "dv": 3, "stream": 21}
 #: f and the readout may change by at most this when every reserve token is evicted.
 EVICTION_TOL = 1e-12
-#: The published counterexample (reference_impl.md §9.1 test 7).
+#: The published counterexample (a test of the paper's public reference implementation).
 SCOPE_CASE = {"keys": [[-1.0, 0.0], [1.0, 0.0], [0.0, 0.9]], "values": [1.0, 2.0, 9.0],
               "C": 1.0, "sigma": 5.0, "query": [0.25, 0.1], "future": [0.0, -10.0],
               "future_value": 4.0, "evicted": 2}
@@ -126,7 +127,7 @@ def scope_case():
         "dev_f_after": float(np.max(np.abs(full.decision_function(probes)
                                            - pruned.decision_function(probes)))),
         "dev_readout_after": abs(read(full, values_full) - read(pruned, values_pruned)),
-        # the published code's decision function subtracts rho (reference_timings.md)
+        # the published code's decision function subtracts rho (docs/design.md §1)
         "dev_f_after_rho_subtracted": float(np.max(np.abs(kernel_part
                                                           - (full.rho - pruned.rho)))),
     }

@@ -1,4 +1,5 @@
-"""Checks 1-3: the maintained solver against the interior-point reference (paper §7).
+"""Checks 1-3: the maintained solver against the interior-point reference (Forgetful Attention
+(arXiv:2607.12204), §7).
 
 1. **Stream** - admit a 45-point Gaussian stream one key at a time and compare with the polished
    reference after every admission that makes the problem feasible.
@@ -30,8 +31,8 @@ STREAM = {"n": 45, "d": 4, "sigma": 1.5, "nu": 0.5, "n0": 45, "removals": 20,
           "round_trips": 20}
 #: Probe jitter (key units).
 JITTER = 0.05
-#: Named tolerances (DESIGN.md §5: solver vs QP ~1e-9 on the decision function; round trips
-#: restore the state to ~1e-15).
+#: Named tolerances (docs/design.md §6.2: solver vs QP ~1e-9 on the decision function; round
+#: trips restore the state to ~1e-15).
 TOL = {"exact.stream": 1e-9, "exact.removal": 1e-9, "exact.round_trip": 1e-14}
 
 

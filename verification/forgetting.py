@@ -1,4 +1,5 @@
-"""Check 4: exact forgetting as equivalence to retraining, per regime (paper §4, App. C).
+"""Check 4: exact forgetting as equivalence to retraining, per regime (Forgetful Attention
+(arXiv:2607.12204), §4, App. C).
 
 One trial (:func:`run_trial`) is a pure function of ``(regime, seed)``:
 
@@ -157,7 +158,7 @@ REGIMES = {
         description=f"river's Statlog Shuttle NASA sensor rows (9 channels), z-scored over the "
                     f"whole data set, cut into consecutive {SHUTTLE_WINDOW}-row contexts, one "
                     f"context per trial, deduplicated within {SHUTTLE_DEDUP}"),
-    # stress regimes beyond the paper (DESIGN.md §2.3: exact and near duplicates)
+    # stress regimes beyond the paper (exact and near duplicates, docs/design.md §4)
     "duplicates": Regime(
         "duplicates", "Exact duplicates (4x6 copies; stress)", 4, _duplicates,
         goals={"dev_worst": 1e-6},
@@ -355,7 +356,7 @@ def decay_orders(summary):
 
 
 def regime_checks(name, summary):
-    """The goal checks of one regime (issue 3 "Goals")."""
+    """The goal checks of one regime (the goals of ``Regime.goals``, docs/verification.md)."""
     regime = REGIMES[name]
     prefix = f"forget.{name}"
     n = summary["trials"]

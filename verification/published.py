@@ -1,8 +1,9 @@
 """The published figures the suite puts beside its own (never used to decide a check).
 
-Sources: the paper (../shared/seeds/000_a3469575cc0b2d8e.txt, §4, §7, App. C) and, for the
-full Table 1 rows, the authors' stored evidence as summarised in
-../shared/research/reference_impl.md §10.2 (300 trials per regime, nu = 0.4, kpar = 2).
+Sources: Forgetful Attention: A Trainable Support-Vector Memory with Certified Selection and
+Exact Unlearning (arXiv:2607.12204), §4, §7, App. C and, for the full Table 1 rows, the
+evidence file stored with the paper's public reference implementation (``v3_evidence.json``:
+300 trials per regime, nu = 0.4, kernel width 2).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ SOLVER = {
     "exact.round_trip": 4.4e-16,  # decrement o increment restores the state
 }
 
-TABLE1_SOURCE = "paper Table 1 / reference_impl.md §10.2 (v3_evidence.json), 300 trials/regime"
+TABLE1_SOURCE = ("Forgetful Attention (arXiv:2607.12204), Table 1, with the evidence file of its "
+                 "public reference implementation (v3_evidence.json), 300 trials/regime")
 
 #: Table 1: decision-function deviation of the decrement from a fixed-C refit.
 #: ``row`` names the published row each of our regimes is compared with.
@@ -44,7 +46,8 @@ SECRET = {
     "decay_retrieval": {0.5: 0.80, 0.1: 0.40, 0.01: 0.07},
 }
 
-#: reference_impl.md §9.1 test 7 / §10.5 "Point-in-time counterexample" (3 keys, C = 1, kpar = 5).
+#: The point-in-time counterexample of the public reference implementation's tests and evidence
+#: (3 keys, C = 1, kernel width 5).
 EVICTION_SCOPE = {
     "readout_dev_now": 4.570994e-9,  # the authors' seed leaves the reserve coefficient unsnapped
     "evicted_alpha_after": 0.03327001,

@@ -1,6 +1,6 @@
 """Writing the outputs: ``report.md``, ``results.json`` and the PNG figures.
 
-``results.json`` holds ``{"checks": [...], "regimes": {...}}`` as issue 3 specifies, plus the
+``results.json`` holds ``{"checks": [...], "regimes": {...}}`` (docs/verification.md), plus the
 measurements behind them (``secret``, ``exactness``, ``eviction``, ``trials``) and ``meta``
 (seeds, backend, hardware, versions, timings).
 """

@@ -1,11 +1,11 @@
-"""Check 5: removing a planted secret (paper §4).
+"""Check 5: removing a planted secret (Forgetful Attention (arXiv:2607.12204), §4).
 
 Each trial (:func:`run_secret_trial`, a pure function of its seed) builds a context of 14
 ordinary tokens and one secret token, inserted at a random position; keys from N(0, I_4),
 sigma = 1.5, ``C = 1 / (nu n0) = 2/15`` (nu = 0.5, n0 = 15), fixed. Values are one-hot token
 identities, so the secret's value is distinct from every other (the "distinctive pair").
 
-Readout (DESIGN.md §1): ``o(q) = sum_i a_i k(q, x_i) v_i / sum_i a_i k(q, x_i)``.
+Readout (docs/design.md §1): ``o(q) = sum_i a_i k(q, x_i) v_i / sum_i a_i k(q, x_i)``.
 *Retrieval*: a probe near the secret (its key plus 0.1 N(0, I)) decodes to the secret, i.e.
 the nearest value to ``o(q)`` is the secret's.
 

@@ -1,7 +1,7 @@
 """Orchestration of ``python -m verification``: run every check, write the report, exit 1 on
 any failure.
 
-Sections (issue 3): 1-3 the solver against the reference (:mod:`.exactness`), 4 exact
+Sections (docs/verification.md): 1-3 the solver against the reference (:mod:`.exactness`), 4 exact
 forgetting per regime (:mod:`.forgetting`), 5 the planted secret (:mod:`.secret`), 6 certified
 eviction (:mod:`.eviction`), 7 extension checks (:mod:`.extensions`). The trials of 4 and 5
 run on the chosen backend (:mod:`.backends`); the rest runs in this process.

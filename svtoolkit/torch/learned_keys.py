@@ -1,8 +1,8 @@
 """Learned keys: the key projections of a small trained SV-Attention language model.
 
-The paper's fourth forgetting regime (000 §4, App. C, "a trained recall model's learned key
-projections") solves the gate on keys a trained model actually produces, not on synthetic
-draws. :func:`learned_key_sets` makes such keys deterministically and quickly: it trains a tiny
+The fourth forgetting regime of Forgetful Attention (arXiv:2607.12204, §4, App. C, "a
+trained recall model's learned key projections") solves the gate on keys a trained model
+actually produces, not on synthetic draws. :func:`learned_key_sets` makes such keys deterministically and quickly: it trains a tiny
 :class:`svtoolkit.torch.TinyLM` with the hybrid SV layer (``attn="sv_hybrid"``) on the Python
 standard library's own source (zero install, :mod:`svtoolkit.corpora`) for a fixed number of
 steps, then runs held-out bytes (the validation split) through it and collects, per layer and

@@ -1,8 +1,8 @@
 """TinyLM: a small byte-level pre-norm decoder with a pluggable attention layer.
 
-The backbone of the SV-Attention paper's language-model probe (000 §8, App. C): token and
-learned positional embeddings, pre-norm blocks ``x + attn(LN(x))`` and ``x + MLP(LN(x))``
-(GELU, width ``mlp_ratio * d_model``), a final LayerNorm and a weight-tied output head. Only the
+The backbone of the language-model probe of Forgetful Attention (arXiv:2607.12204, §8,
+App. C): token and learned positional embeddings, pre-norm blocks ``x + attn(LN(x))`` and
+``x + MLP(LN(x))`` (GELU, width ``mlp_ratio * d_model``), a final LayerNorm and a weight-tied output head. Only the
 attention changes between variants; it is looked up by name in
 :data:`svtoolkit.torch.layers.ATTENTION_LAYERS`, so every layer of the toolkit (the SV layers
 included) drops into the same backbone.
