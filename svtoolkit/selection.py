@@ -1,4 +1,4 @@
-"""Eviction and selection policies at a matched token budget (paper 000 §5, §6).
+"""Eviction and selection policies at a matched token budget (Forgetful Attention §5-6).
 
 Every policy returns the indices of the keys it keeps; :func:`uniform_rbf_readout` then reads
 the kept keys with the *same* uniform RBF readout, so that only the selection differs:
@@ -19,22 +19,23 @@ the kept keys with the *same* uniform RBF readout, so that only the selection di
 Attention in the H2O policies uses the same RBF kernel as the readout:
 ``p(q, i) = k(q, x_i) / sum_j k(q, x_j)`` (``normalize=True``, the attention probability H2O
 accumulates) or the raw kernel mass ``k(q, x_i)`` (``normalize=False``, what the public
-reference code of the paper accumulates; reference_impl.md §8.2).
+reference code of the paper accumulates).
 
-:func:`skewed_redundancy_context` builds the paper's skewed-redundancy task (§5).
+:func:`skewed_redundancy_context` builds the paper's skewed-redundancy task (§5); it lives in
+:mod:`svtoolkit.tasks.redundancy` and is re-exported here under the same name.
 """
 
 from __future__ import annotations
 
 import numbers
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 
 from ._validation import as_keys
 from .exact import IncrementalSVDD
 from .kernels import rbf_kernel
+from .tasks.redundancy import SkewedContext, skewed_redundancy_context
 
 __all__ = [
     "certified_selection",
@@ -213,7 +214,7 @@ def certified_streaming(keys, budget, *, sigma, C):
 
     The certificate covers each eviction at the time it is made. The final set need not be
     the support set of the whole stream: a key evicted as reserve could have become support
-    after later admissions (the scope of the certificate, paper 000 §5).
+    after later admissions (the scope of the certificate, Forgetful Attention §5).
 
     Returns
     -------
@@ -236,14 +237,6 @@ def certified_streaming(keys, budget, *, sigma, C):
             peak = max(peak, len(mem))
     kept = np.sort(np.array([int(r) for r in mem.record_ids], dtype=np.int64))
     return kept, peak
-
-
-def _check_sizes(**sizes):
-    """Each ``name=(value, minimum)``: value must be an int (not a bool) >= minimum."""
-    for name, (value, minimum) in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
-                value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
 
 
 def recency_selection(n, budget):
@@ -300,61 +293,3 @@ def uniform_rbf_readout(keys, values, queries, *, sigma, keep=None):
     total = W.sum(axis=1, keepdims=True)
     return np.divide(W @ values, total, out=np.zeros((W.shape[0], values.shape[1])),
                      where=total > 0)
-
-
-@dataclass(frozen=True)
-class SkewedContext:
-    """A skewed-redundancy context; see :func:`skewed_redundancy_context`."""
-
-    keys: np.ndarray
-    group: np.ndarray
-    values: np.ndarray
-    warm_queries: np.ndarray
-    warm_group: np.ndarray
-    test_queries: np.ndarray
-    test_group: np.ndarray
-    rare_groups: np.ndarray
-
-
-def skewed_redundancy_context(rng, *, d=4, rare=6, dense=6, copies=10, spread=1.5,
-                              jitter=0.15, query_jitter=0.05, queries_per_group=2):
-    """The paper's skewed-redundancy context (§5; reference_impl.md §8.2).
-
-    ``rare + dense`` group centres from ``spread * N(0, I_d)``; the rare groups hold one key
-    each and come first, the dense groups ``copies`` keys each; every key is its centre plus
-    ``jitter * N(0, I_d)``. Each group gets ``queries_per_group`` queries at its centre plus
-    ``query_jitter * N(0, I_d)``; alternate ones are *warm* (seen before eviction) and
-    *held out* (evaluated).
-
-    Returns
-    -------
-    SkewedContext
-        ``keys`` (n, d), ``group`` (n,), ``values`` (n, groups) one-hot, ``warm_queries``,
-        ``warm_group``, ``test_queries``, ``test_group``, ``rare_groups`` (the first ``rare``).
-
-    Raises
-    ------
-    ValueError
-        A size that is not an integer in range: ``d, copies >= 1``, ``rare, dense >= 0`` with
-        at least one group, ``queries_per_group >= 2`` (every group needs a warm and a
-        held-out query).
-    """
-    _check_sizes(d=(d, 1), rare=(rare, 0), dense=(dense, 0), copies=(copies, 1),
-                 queries_per_group=(queries_per_group, 2))
-    if rare + dense < 1:
-        raise ValueError("rare + dense must be >= 1 (at least one group)")
-    rng = np.random.default_rng(rng)
-    groups = rare + dense
-    centres = spread * rng.standard_normal((groups, d))
-    group = np.concatenate([np.arange(rare), np.repeat(np.arange(rare, groups), copies)])
-    keys = centres[group] + jitter * rng.standard_normal((len(group), d))
-    qgroup = np.repeat(np.arange(groups), queries_per_group)
-    queries = centres[qgroup] + query_jitter * rng.standard_normal((len(qgroup), d))
-    warm = np.tile(np.arange(queries_per_group), groups) % 2 == 0  # alternate within a group
-    return SkewedContext(
-        keys=keys, group=group, values=np.eye(groups)[group],
-        warm_queries=queries[warm], warm_group=qgroup[warm],
-        test_queries=queries[~warm], test_group=qgroup[~warm],
-        rare_groups=np.arange(rare),
-    )
-
