@@ -1,4 +1,5 @@
-"""Tensor Cache measurements (004_a46bfd66cfce050d.txt), with svtoolkit's implementation.
+"""Tensor Cache measurements ("Tensor Cache: Eviction-conditioned Associative Memory for
+Transformers"), with svtoolkit's implementation.
 
 Three parts, each written to ``benchmarks/results/tensor_cache_<part>.json`` and ``.md``:
 
@@ -11,7 +12,7 @@ state
     and extrapolated linearly (bytes/token measured) beyond, which the table marks.
 
 capacity
-    The raw associative capacity of one fast-weight head (paper Sec. 4.5, Table 3): sequential
+    The raw associative capacity of one fast-weight head (Tensor Cache, §4.5, Table 3): sequential
     writes until the oldest item's relative reconstruction error exceeds 1.0, per head dim, for
     the orthonormal-prefix, random and decayed (lambda 0.995, eta 0.05) regimes, mean over five
     seeds. Writes go through ``tensor_cache_paths`` (rule "outer", window 1, every query = the

@@ -6,7 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from svtoolkit.torch import ATTENTION_LAYERS, LinearAttention, SoftmaxAttention, TensorCache
+from svtoolkit.torch import (
+    ATTENTION_LAYERS,
+    GatedDeltaNet,
+    LinearAttention,
+    SlidingWindowAttention,
+    SoftmaxAttention,
+    TensorCache,
+)
+from svtoolkit.torch.layers import tensor_cache_layer_mask, tensor_cache_stack
 
 SEED = 777
 D_MODEL, N_HEADS, T = 24, 3, 23
@@ -142,3 +150,154 @@ def test_bad_arguments_are_rejected():
         LinearAttention(D_MODEL, N_HEADS, feature_map="identity")
     with pytest.raises(ValueError, match=r"sinks must be >= 1"):
         ATTENTION_LAYERS["streaming_llm"](D_MODEL, N_HEADS, sinks=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Ablation switches of the Tensor Cache and Gated DeltaNet layers
+# --------------------------------------------------------------------------------------------
+
+
+def build_with(cls, options, dtype=torch.float64):
+    torch.manual_seed(SEED)
+    return cls(D_MODEL, N_HEADS, **options).to(dtype)
+
+
+def streaming_error(layer, x):
+    """max |prefill(7) + steps - forward| / max |forward|, in eval mode without gradients."""
+    layer.eval()
+    with torch.no_grad():
+        y = layer(x)
+        y_head, state = layer.forward_with_state(x[:, :7])
+        outputs = [y_head]
+        for t in range(7, x.shape[1]):
+            y_t, state = layer.step(x[:, t], state)
+            outputs.append(y_t[:, None])
+    return ((torch.cat(outputs, dim=1) - y).abs().max() / y.abs().max()).item()
+
+
+def assert_every_parameter_learns(layer, x):
+    layer.train()
+    layer(x).square().mean().backward()
+    for pname, param in layer.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, f"{pname} gets no gradient"
+
+
+GDN_CORNERS = [(True, True), (False, True), (True, False), (False, False)]
+
+
+@pytest.mark.parametrize("use_decay, use_delta", GDN_CORNERS)
+def test_gated_deltanet_corners_stream_exactly_and_learn(use_decay, use_delta):
+    layer = build_with(GatedDeltaNet, dict(chunk=8, use_decay=use_decay, use_delta=use_delta))
+    names = {name for name, _ in layer.named_parameters()}
+    assert ("A_log" in names) == ("dt_bias" in names) == ("a_proj.weight" in names) == use_decay
+    assert ("b_proj.weight" in names) == use_delta
+    assert streaming_error(layer, make_x()) <= STREAM_TOL[torch.float64]
+    assert_every_parameter_learns(layer, make_x())
+
+
+def test_gated_deltanet_default_corner_is_unchanged_by_the_switches():
+    """Both switches on (the default) builds the same parameters from the same seed."""
+    default, explicit = build("gated_deltanet"), build_with(GatedDeltaNet, dict(chunk=8))
+    x = make_x()
+    assert torch.equal(default(x), explicit(x))
+
+
+TC_STREAMING_OPTIONS = {
+    "memory_proj": dict(memory_proj=True),
+    "query_norm_value_scale": dict(normalize_queries=True, value_scale=0.5),
+    "raw_keys": dict(normalize_keys=False),
+    "slots": dict(slots=3, slot_top_k=2),
+    "two_timescales": dict(two_timescales=True),
+    "everything": dict(
+        rule="delta", slots=2, slot_top_k=2, two_timescales=True, memory_proj=True,
+        normalize_queries=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TC_STREAMING_OPTIONS))
+def test_tensor_cache_switches_stream_exactly_and_learn(name):
+    layer = build_with(TensorCache, dict(window=5, chunk=8, **TC_STREAMING_OPTIONS[name]))
+    assert streaming_error(layer, make_x()) <= STREAM_TOL[torch.float64]
+    assert_every_parameter_learns(layer, make_x())
+
+
+def test_separate_memory_projection_with_tied_weights_equals_one_projection():
+    """W_tc = W_o gives W_o L1 + W_tc (g r) = W_o (L1 + g r): the single-projection layer."""
+    one = build_with(TensorCache, dict(window=5, chunk=8))
+    two = build_with(TensorCache, dict(window=5, chunk=8, memory_proj=True))
+    with torch.no_grad():
+        two.memory_out.weight.copy_(two.o_proj.weight)
+    x = make_x()
+    err = ((one(x) - two(x)).abs().max() / one(x).abs().max()).item()
+    assert err <= 1e-14
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(train_writes="all"), dict(write_mode="chunk_mean"),
+     dict(rule="delta", delta_residual="chunk_start")],
+)
+def test_training_only_switches_change_the_training_forward_only(options):
+    """In training mode forward uses the switch; eval forward and streaming are the exact
+    inference path, equal to the layer without the switch."""
+    base = {"window": 5, "chunk": 8, "rule": options.get("rule", "outer")}
+    plain = build_with(TensorCache, base)
+    switched = build_with(TensorCache, {**base, **options})
+    x = make_x()
+    with torch.no_grad():
+        plain.train(), switched.train()
+        assert (plain(x) - switched(x)).abs().max() > 1e-6
+        plain.eval(), switched.eval()
+        assert torch.equal(plain(x), switched(x))
+    assert streaming_error(switched, x) <= STREAM_TOL[torch.float64]
+
+
+def test_layer_selection_mask():
+    assert tensor_cache_layer_mask(4, "all") == (True,) * 4
+    assert tensor_cache_layer_mask(4, "none") == (False,) * 4
+    assert tensor_cache_layer_mask(4, 1) == (False, False, False, True)
+    assert tensor_cache_layer_mask(4, 0) == tensor_cache_layer_mask(4, "none")
+    for bad in (5, -1, "top", True, 1.0):
+        message = r"layers must be 'all', 'none' or an int in \[0, n_layers=4\]"
+        with pytest.raises(ValueError, match=message):
+            tensor_cache_layer_mask(4, bad)
+
+
+def test_unselected_layers_are_the_window_path_with_the_gate_off():
+    """tensor_cache_stack puts SlidingWindowAttention (same window) where the mask is False;
+    with the same projections it equals a Tensor Cache whose gate is closed."""
+    stack = tensor_cache_stack(D_MODEL, N_HEADS, 3, layers=2, window=5, chunk=8)
+    assert [type(layer) for layer in stack] == [SlidingWindowAttention, TensorCache, TensorCache]
+    window_layer = stack[0].double()
+    assert window_layer.window == stack[1].window == 5
+    closed = build_with(TensorCache, dict(window=5, chunk=8))
+    with torch.no_grad():
+        closed.gate_logit.fill_(-float("inf"))
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(window_layer, proj).weight.copy_(getattr(closed, proj).weight)
+    x = make_x()
+    err = ((window_layer(x) - closed(x)).abs().max() / window_layer(x).abs().max()).item()
+    assert err <= 1e-14
+
+
+def test_switch_options_are_rejected():
+    cases = [
+        (dict(train_writes="insert"), ValueError,
+         r"train_writes must be one of \('evicted', 'all'\)"),
+        (dict(write_mode="mean"), ValueError,
+         r"write_mode must be one of \('token', 'chunk_mean'\)"),
+        (dict(delta_residual="chunk_start"), ValueError,
+         r"delta_residual='chunk_start' needs rule='delta'"),
+        (dict(slots=0), ValueError, r"slots must be >= 1"),
+        (dict(slots=2, slot_top_k=3), ValueError, r"slot_top_k must be in \[1, slots=2\]"),
+        (dict(value_scale=-1.0), ValueError, r"value_scale must be finite and > 0"),
+        (dict(two_timescales=True, slow_decay_init=1.0), ValueError,
+         r"slow_decay_init must be in \(0, 1\)"),
+        (dict(memory_proj=1), TypeError, r"memory_proj must be a bool"),
+    ]
+    for options, error, message in cases:
+        with pytest.raises(error, match=message):
+            TensorCache(D_MODEL, N_HEADS, **options)
+    with pytest.raises(TypeError, match=r"use_delta must be a bool"):
+        GatedDeltaNet(D_MODEL, N_HEADS, use_delta="no")

@@ -1,4 +1,4 @@
-"""Chunked linear attention, DeltaNet and Gated DeltaNet vs their per-token references.
+"""Chunked linear attention, decay-only, DeltaNet and Gated DeltaNet vs per-token references.
 
 Seeds are fixed per test (torch.Generator); tolerances are the named tables FP64_TOL / FP32_TOL.
 """
@@ -9,7 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from svtoolkit.torch.ops import delta_rule, gated_delta_rule, linear_attention, naive
+from svtoolkit.torch.ops import (
+    decayed_linear_attention,
+    delta_rule,
+    gated_delta_rule,
+    linear_attention,
+    naive,
+)
 from svtoolkit.torch.ops._testing import FP32_TOL, FP64_TOL, assert_close, cotangents_like, vjp
 
 SEED = 20240607
@@ -18,6 +24,7 @@ B, H, K, V = 2, 2, 12, 10  # K, V not powers of two
 # op name -> (chunked op, per-token reference, names of its per-token gates)
 OPS = {
     "linear": (linear_attention, naive.naive_linear_attention, ()),
+    "decay": (decayed_linear_attention, naive.naive_decayed_linear_attention, ("g",)),
     "delta": (delta_rule, naive.naive_delta_rule, ("beta",)),
     "gated_delta": (gated_delta_rule, naive.naive_gated_delta_rule, ("g", "beta")),
 }
@@ -223,3 +230,79 @@ def test_nan_log_decay_is_rejected():
     g[1, 4, 0] = float("nan")
     with pytest.raises(ValueError, match=r"g must not contain NaN"):
         gated_delta_rule(inputs["q"], inputs["k"], inputs["v"], g=g, beta=inputs["beta"])
+
+
+CORNER_TOL = 1e-12  # fp64; observed errors are ~1e-16
+
+
+def test_corners_of_the_gated_delta_rule():
+    """The (a, b) corners against the other ops' per-token references, fp64 to 1e-12.
+
+    a = 1 with the additive write is linear attention; a = 1 with the delta write is DeltaNet;
+    the decay with the additive write is the decay-only op; both is the gated delta rule.
+    """
+    inputs = {n: t.detach() for n, t in make_inputs("gated_delta", 30).items()}
+    q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+    state0 = inputs["initial_state"]
+    kwargs = dict(chunk_size=8, initial_state=state0, output_final_state=True)
+    no_decay = torch.zeros_like(g)
+    corners = {
+        "linear attention": (
+            decayed_linear_attention(q, k, v, g=no_decay, **kwargs),
+            naive.naive_linear_attention(q, k, v, initial_state=state0),
+        ),
+        "DeltaNet": (
+            gated_delta_rule(q, k, v, g=no_decay, beta=beta, **kwargs),
+            naive.naive_delta_rule(q, k, v, beta=beta, initial_state=state0),
+        ),
+        "decay only": (
+            decayed_linear_attention(q, k, v, g=g, **kwargs),
+            naive.naive_decayed_linear_attention(q, k, v, g=g, initial_state=state0),
+        ),
+        "gated delta": (
+            gated_delta_rule(q, k, v, g=g, beta=beta, **kwargs),
+            naive.naive_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state0),
+        ),
+    }
+    for name, ((o, state), (o_ref, state_ref)) in corners.items():
+        assert_close(f"{name} o", o_ref, o, CORNER_TOL)
+        assert_close(f"{name} state", state_ref, state, CORNER_TOL)
+    # the naive references agree among themselves at the corners
+    o_gated, _ = naive.naive_gated_delta_rule(q, k, v, g=no_decay, beta=beta, initial_state=state0)
+    o_delta, _ = naive.naive_delta_rule(q, k, v, beta=beta, initial_state=state0)
+    assert_close("naive gated at a = 1", o_delta, o_gated, CORNER_TOL)
+    o_decay, _ = naive.naive_decayed_linear_attention(q, k, v, g=no_decay, initial_state=state0)
+    o_linear, _ = naive.naive_linear_attention(q, k, v, initial_state=state0)
+    assert_close("naive decay-only at a = 1", o_linear, o_decay, CORNER_TOL)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_gradcheck(op):
+    """torch.autograd.gradcheck of outputs and final state on tiny fp64 inputs (T = 7, C = 3)."""
+    inputs = make_inputs(op, 7)
+    names = list(inputs)
+    tiny = [inputs[n].detach()[:1, :, :, :3] if inputs[n].ndim == 4 else inputs[n].detach()[:1]
+            for n in names]
+    tiny = [t[..., :3, :3] if n == "initial_state" else t for n, t in zip(names, tiny)]
+    # finite differences step both ways: keep g away from its bound g <= 0
+    tiny = [t - 0.05 if n == "g" else t for n, t in zip(names, tiny)]
+    tiny = [t.clone().requires_grad_() for t in tiny]
+
+    def run(*values):
+        return run_chunked(op, dict(zip(names, values, strict=True)), 3)
+
+    assert torch.autograd.gradcheck(run, tiny, fast_mode=True)
+
+
+def test_decayed_linear_attention_checks_its_decay():
+    inputs = make_inputs("decay", 10)
+    q, k, v, g = (inputs[n].detach() for n in ("q", "k", "v", "g"))
+    bad = g.clone()
+    bad[0, 2, 1] = 0.5
+    with pytest.raises(ValueError, match=r"g must be <= 0"):
+        decayed_linear_attention(q, k, v, g=bad)
+    bad[0, 2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"g must not contain NaN"):
+        decayed_linear_attention(q, k, v, g=bad)
+    with pytest.raises(ValueError, match=r"g must have shape \[B, T, H\]"):
+        decayed_linear_attention(q, k, v, g=g[:, :4])

@@ -2,7 +2,9 @@
 
 Capabilities, each in its own module:
 
-* ``exact_gate`` - the exact differentiable gate (inverse-reusing backward)
+* ``exact_gate`` - the exact differentiable gate (entry points; the autograd core is
+  ``_gate_autograd``, the slow reference ``ops.naive_gate``, the set-level readout
+  ``layers.set_readout``)
 * ``batched`` - the batched training path (FISTA partition finder, ridged bordered solve)
 * ``ops`` / ``layers`` - the memory layers svtoolkit is compared with and the SV-Attention
   sequence layers (``ATTENTION_LAYERS`` selects them by name)
@@ -24,12 +26,14 @@ from .batched import (  # noqa: E402  (batched training path)
     ridged_svdd_solve,
 )
 from .exact_gate import (  # noqa: E402  (exact differentiable gate)
-    SVAttention,
-    SVAttentionInfo,
     gate_from_solver,
-    sv_attention,
     svdd_gate,
     svdd_gate_from_gram,
+)
+from .layers.set_readout import (  # noqa: E402  (SV-Attention over a given key set)
+    SVAttention,
+    SVAttentionInfo,
+    sv_attention,
 )
 from .layers import (  # noqa: E402  (memory layers and SV-Attention sequence layers)
     ATTENTION_LAYERS,

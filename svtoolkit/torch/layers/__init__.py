@@ -13,7 +13,7 @@ from .infini import InfiniAttention
 from .recurrent import DeltaNet, GatedDeltaNet, LinearAttention
 from .softmax import SlidingWindowAttention, SoftmaxAttention, StreamingLLMAttention
 from .sv import CausalSVAttention, HybridSVAttention, SVStreamState
-from .tensor_cache import TensorCache
+from .tensor_cache import TensorCache, tensor_cache_layer_mask, tensor_cache_stack
 
 ATTENTION_LAYERS: dict[str, type] = {
     "softmax": SoftmaxAttention,
@@ -42,4 +42,6 @@ __all__ = [
     "SoftmaxAttention",
     "StreamingLLMAttention",
     "TensorCache",
+    "tensor_cache_layer_mask",
+    "tensor_cache_stack",
 ]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import delta_rule, gated_delta_rule, linear_attention
+from ..ops import decayed_linear_attention, delta_rule, gated_delta_rule, linear_attention
 from ..ops._common import check_positive_int, compute_dtype, l2_normalize
 from ._base import HeadsAttention
 
@@ -137,6 +137,13 @@ class GatedDeltaNet(HeadsAttention):
         See :class:`HeadsAttention`.
     chunk : int, default 64
         Chunk size of the WY scan.
+    use_decay : bool, default True
+        The decay a_t; False fixes a_t = 1 (the DeltaNet corner, no ``a_proj``, ``A_log``,
+        ``dt_bias``).
+    use_delta : bool, default True
+        The delta correction; False writes ``k_t v_t^T`` at full strength (no ``b_proj``):
+        with decay the gated-linear-attention / Mamba-2 corner ``S_t = a_t S_{t-1} + k_t v_t^T``,
+        without it linear attention.
 
     Notes
     -----
@@ -144,34 +151,54 @@ class GatedDeltaNet(HeadsAttention):
     ``b_t = sigmoid(w_b . x_t)``, ``S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``,
     output ``W_o (RMSNorm(S_t^T q_t / sqrt(D)) * silu(W_g x_t))``. Initialisation as fla:
     ``A ~ U(1, 16)``, ``dt ~ logU(1e-3, 0.1)`` with ``dt_bias = softplus^{-1}(dt)``. No short
-    convolution.
+    convolution. The two switches are the ablation corners of the gated delta rule paper
+    (Yang, Kautz & Hatamizadeh, ICLR 2025); q, k normalisation, output norm and gate stay.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, chunk: int = 64, **options):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        chunk: int = 64,
+        use_decay: bool = True,
+        use_delta: bool = True,
+        **options,
+    ):
         super().__init__(d_model, n_heads, **options)
+        for name, flag in (("use_decay", use_decay), ("use_delta", use_delta)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
         self.chunk = check_positive_int("chunk", chunk)
-        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
-        self.b_proj = nn.Linear(d_model, n_heads, bias=True)
+        self.use_decay, self.use_delta = use_decay, use_delta
+        if use_decay:
+            self.a_proj = nn.Linear(d_model, n_heads, bias=False)
+        if use_delta:
+            self.b_proj = nn.Linear(d_model, n_heads, bias=True)
         self.g_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
         self.o_norm = _RMSNorm(self.head_dim)
-        self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1.0, 16.0).log())
-        dt = torch.empty(n_heads).uniform_(math.log(1e-3), math.log(0.1)).exp().clamp_min(1e-4)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        if use_decay:
+            self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1.0, 16.0).log())
+            dt = torch.empty(n_heads).uniform_(math.log(1e-3), math.log(0.1)).exp()
+            dt = dt.clamp_min(1e-4)
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+    def _log_decay(self, x):
+        gate_in = self.a_proj(x)
+        dtype = compute_dtype(gate_in)
+        return -self.A_log.to(dtype).exp() * F.softplus(gate_in.to(dtype) + self.dt_bias.to(dtype))
 
     def _mix(self, x, q, k, v, state, want_state):
         q, k = l2_normalize(F.silu(q)), l2_normalize(F.silu(k))
-        gate_in = self.a_proj(x)
-        dtype = compute_dtype(gate_in)
-        g = -self.A_log.to(dtype).exp() * F.softplus(gate_in.to(dtype) + self.dt_bias.to(dtype))
-        beta = torch.sigmoid(self.b_proj(x))
-        o, state = gated_delta_rule(
-            q,
-            k,
-            v,
-            g=g,
-            beta=beta,
-            chunk_size=self.chunk,
-            initial_state=state,
-            output_final_state=want_state,
-        )
+        common = dict(chunk_size=self.chunk, initial_state=state, output_final_state=want_state)
+        if self.use_delta:
+            beta = torch.sigmoid(self.b_proj(x))
+            if self.use_decay:
+                o, state = gated_delta_rule(q, k, v, g=self._log_decay(x), beta=beta, **common)
+            else:
+                o, state = delta_rule(q, k, v, beta=beta, **common)
+        elif self.use_decay:
+            o, state = decayed_linear_attention(q, k, v, g=self._log_decay(x), **common)
+        else:
+            o, state = linear_attention(q, k, v, **common)
         return self.o_norm(o) * F.silu(self._heads(self.g_proj(x))), state

@@ -6,9 +6,11 @@ One recurrence covers them all (per batch row and head; S is a K x V matrix)::
     S_t = a_t S_{t-1} + k_t v_t^T                                    (without it)
     o_t = scale * S_t^T q_t                                          (read after the write)
 
-with a_t = exp(g_t), g_t <= 0. The chunked form (DeltaNet paper App. B; the gated variant of
-001_387078f61d5d094e.txt, "Making decay survive chunking") splits T into chunks of C tokens. In a
-chunk, with gamma_i = g_1 + ... + g_i the inclusive chunk-local cumulative log-decay:
+with a_t = exp(g_t), g_t <= 0. The chunked form (Yang et al., "Parallelizing Linear
+Transformers with the Delta Rule over Sequence Length", NeurIPS 2024, App. B; the gated variant
+of Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule", ICLR
+2025) splits T into chunks of C tokens. In a chunk, with gamma_i = g_1 + ... + g_i the
+inclusive chunk-local cumulative log-decay:
 
 * the intra-chunk delta correction is a unit-lower-triangular solve (the WY/UT transform)::
 
@@ -35,6 +37,15 @@ gated rule with ``b_t = c_t / a_t`` and values ``a_t v_t`` but needs no division
 a_t = 0 is allowed: in the UT transform ``b_i exp(gamma_i - gamma_j)`` becomes
 ``c_i exp(gamma_{i-1} - gamma_j)``, ``b_i exp(gamma_i)`` becomes ``c_i exp(gamma_{i-1})`` and
 ``diag(b) V`` becomes ``diag(c) V``.
+
+``frozen_residual=True`` is the chunk-start residual approximation of that variant (Tensor
+Cache, §5, after Beck et al., "xLSTM: Extended Long Short-Term Memory", NeurIPS 2024)::
+
+    S_t = a_t S_{t-1} + c_t k_t (v_t - S_s^T k_t)^T,     S_s = the state at the chunk start
+
+Every token's residual is taken against the same S_s, so there is no intra-chunk coupling:
+L = 0, ``U = diag(c) V`` and ``W = diag(c) K`` (no decay on W: S_s is not decayed), and
+``U_eff = U - W S_s`` as above. The result depends on the chunk size (C = 1 is exact).
 """
 
 from __future__ import annotations
@@ -88,6 +99,7 @@ def chunk_scan(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     decayed_beta: bool = False,
+    frozen_residual: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the chunked recurrence on validated inputs already cast to one compute dtype.
 
@@ -108,6 +120,9 @@ def chunk_scan(
     decayed_beta : bool, default False
         ``beta`` is c_t of ``S_t = a_t S_{t-1} + c_t k_t (v_t - S_{t-1}^T k_t)^T`` (module
         docstring) instead of b_t of the gated delta rule.
+    frozen_residual : bool, default False
+        With ``decayed_beta``: the residual of every token of a chunk is taken against the
+        chunk-start state (module docstring; an approximation that depends on ``chunk_size``).
 
     Returns
     -------
@@ -132,6 +147,9 @@ def chunk_scan(
 
     if beta is None:
         values, wy_keys = vc, None
+    elif frozen_residual:
+        beta_c = _to_chunks(beta, n_chunks, chunk)[..., None]
+        values, wy_keys = vc * beta_c, kc * beta_c
     else:
         beta_c = _to_chunks(beta, n_chunks, chunk)
         values, wy_keys = _wy_transform(kc, vc, beta_c, pair, to_start, decayed_beta)

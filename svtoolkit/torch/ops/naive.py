@@ -15,6 +15,7 @@ import torch.nn.functional as F
 __all__ = [
     "naive_softmax_attention",
     "naive_linear_attention",
+    "naive_decayed_linear_attention",
     "naive_delta_rule",
     "naive_gated_delta_rule",
     "naive_tensor_cache_paths",
@@ -71,6 +72,17 @@ def naive_linear_attention(q, k, v, *, scale=None, initial_state=None):
     return torch.stack(outputs, dim=1), state
 
 
+def naive_decayed_linear_attention(q, k, v, *, g, scale=None, initial_state=None):
+    """S_t = a_t S_{t-1} + k_t v_t^T, a_t = exp(g_t); o_t = scale S_t^T q_t. Returns (o, S_T)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    state = _zero_state(q, v, initial_state)
+    outputs = []
+    for t in range(q.shape[1]):
+        state = g[:, t, :, None, None].exp() * state + _outer(k[:, t], v[:, t])
+        outputs.append(scale * _read(q[:, t], state))
+    return torch.stack(outputs, dim=1), state
+
+
 def naive_delta_rule(q, k, v, *, beta, scale=None, initial_state=None):
     """S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T; o_t = scale S_t^T q_t.
 
@@ -103,7 +115,10 @@ def naive_gated_delta_rule(q, k, v, *, g, beta, scale=None, initial_state=None):
 
 
 def _tensor_cache_write(memory, key, value, decay, rate, rule):
-    """A <- lambda A + eta write(k, v), the three published rules, one token."""
+    """A <- lambda A + eta write(k, v), the three published rules, one token, one memory.
+
+    memory [B, H, K, V]; key, value [B, H, K] / [B, H, V]; decay, rate [H].
+    """
     if rule == "outer":
         write = _outer(key, value)
     elif rule == "delta":
@@ -115,29 +130,157 @@ def _tensor_cache_write(memory, key, value, decay, rate, rule):
     return decay[None, :, None, None] * memory + rate[None, :, None, None] * write
 
 
+def _unit(x):
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+
+
+def _cosine_logits(x, slot_keys, temperature):
+    """cos(x, slot key) / temperature for x [B, H, K], slot_keys [H, S, K] -> [B, H, S]."""
+    return (_unit(x)[:, :, None, :] * _unit(slot_keys)[None]).sum(-1) / temperature
+
+
+def _slot_read_weights(q_t, slot_keys, top_k, temperature):
+    """Softmax over the top-k slot logits, 0 for the other slots: [B, H, S]."""
+    logits = _cosine_logits(q_t, slot_keys, temperature)
+    weights = torch.zeros_like(logits)
+    for b in range(logits.shape[0]):
+        for h in range(logits.shape[1]):
+            chosen = logits[b, h].topk(top_k).indices
+            weights[b, h, chosen] = logits[b, h, chosen].softmax(dim=-1)
+    return weights
+
+
+class _Memories:
+    """The per-token memory of a Tensor Cache: one matrix per (timescale, slot), as lists."""
+
+    def __init__(self, q, v, timescales, slots):
+        batch, _, heads, key_dim = q.shape
+        zero = q.new_zeros(batch, heads, key_dim, v.shape[-1])
+        self.banks = [[zero for _ in range(slots)] for _ in range(timescales)]
+
+    def write(self, key_raw, key, value, params, rule, slot_keys, temperature, frozen=None):
+        """Write one token into the slot its raw key routes to, in every timescale.
+
+        ``frozen`` (same layout as ``banks``) replaces the memory in the delta prediction.
+        """
+        slots = len(self.banks[0])
+        route = None
+        if slot_keys is not None:
+            route = _cosine_logits(key_raw, slot_keys, temperature).argmax(dim=-1)  # [B, H]
+        for ts, (decay, rate) in enumerate(params):
+            for m in range(slots):
+                memory = self.banks[ts][m]
+                predict_from = memory if frozen is None else frozen[ts][m]
+                if rule == "delta":
+                    written = decay[None, :, None, None] * memory + rate[None, :, None, None] * (
+                        _outer(key, value - _read(key, predict_from))
+                    )
+                else:
+                    written = _tensor_cache_write(memory, key, value, decay, rate, rule)
+                if route is None:
+                    self.banks[ts][m] = written
+                else:
+                    mask = (route == m)[:, :, None, None]
+                    self.banks[ts][m] = torch.where(mask, written, memory)
+
+    def read(self, q_t, slot_keys, top_k, temperature, slow_weight):
+        """sum over timescales and slots of w_ts * w_slot * q^T A: [B, H, V]."""
+        slots = len(self.banks[0])
+        if slot_keys is None:
+            slot_w = q_t.new_ones(q_t.shape[0], q_t.shape[1], 1)
+        else:
+            slot_w = _slot_read_weights(q_t, slot_keys, top_k, temperature)
+        out = 0
+        for ts, row in enumerate(self.banks):
+            ts_w = 1.0 if ts == 0 else slow_weight[None, :, None]
+            for m in range(slots):
+                out = out + ts_w * slot_w[:, :, m, None] * _read(q_t, row[m])
+        return out
+
+    def snapshot(self):
+        return [list(row) for row in self.banks]
+
+    def stacked(self):
+        """(B, H, K, V) for one memory, else (B, H, M, K, V) with m = timescale * S + slot."""
+        flat = [memory for row in self.banks for memory in row]
+        return flat[0] if len(flat) == 1 else torch.stack(flat, dim=2)
+
+
 def naive_tensor_cache_paths(
-    q, k, v, *, window, log_decay, rate, rule="outer", scale=None, normalize_keys=True
+    q, k, v, *, window, log_decay, rate, rule="outer", scale=None, normalize_keys=True,
+    normalize_queries=False, value_scale=1.0, train_writes="evicted", write_mode="token",
+    delta_residual="exact", chunk_size=32, slot_keys=None, slot_top_k=1, slot_temperature=1.0,
+    slow_log_decay=None, slow_rate=None, slow_weight=None,
 ):
     """Per-token Tensor Cache: returns (o_local, o_memory, memory_T).
 
-    At step t: if t >= W, token t-W leaves the window and is written into the memory; then
-    o_local[t] = softmax over tokens max(0, t-W+1) .. t and o_memory[t] = q_t^T A.
+    At step t: the token written is t-W if t >= W (``train_writes="evicted"``) or t itself
+    (``"all"``); its raw key picks a slot (``argmax cos(k, slot key)``, when ``slot_keys``), and
+    every timescale's memory of that slot gets ``A <- lambda A + eta write(k_hat, s v)``. Then
+    o_local[t] = softmax over tokens max(0, t-W+1) .. t and o_memory[t] = sum of
+    ``w q_t^T A`` over the memories (``q_t`` normalised when ``normalize_queries``).
+
+    ``write_mode="chunk_mean"``: the writes of steps in chunk c = t // chunk_size are collected
+    per slot, the reads of the chunk use the memory as it was at the chunk start, and after the
+    chunk's last step each slot with writes gets one write of the means. With
+    ``delta_residual="chunk_start"`` the delta residual uses the memory as it was at the start
+    of the chunk of step t. memory_T has the layout of ``TensorCacheState.memory``.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    decay = log_decay.exp()
-    memory = _zero_state(q, v, None)
+    length = q.shape[1]
+    params = [(log_decay.exp(), rate)]
+    if slow_log_decay is not None:
+        params.append((slow_log_decay.exp(), slow_rate))
+    slots = 1 if slot_keys is None else slot_keys.shape[1]
+    memories = _Memories(q, v, len(params), slots)
+    frozen, pending = None, []
+    write_args = dict(params=params, rule=rule, slot_keys=slot_keys, temperature=slot_temperature)
     local, reads = [], []
-    for t in range(q.shape[1]):
-        evicted = t - window
-        if evicted >= 0:
-            key = k[:, evicted]
-            if normalize_keys:
-                key = key / key.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-            memory = _tensor_cache_write(memory, key, v[:, evicted], decay, rate, rule)
+    for t in range(length):
+        if t % chunk_size == 0 and delta_residual == "chunk_start":
+            frozen = memories.snapshot()
+        source = t - window if train_writes == "evicted" else t
+        if source >= 0:
+            key = _unit(k[:, source]) if normalize_keys else k[:, source]
+            token = (k[:, source], key, value_scale * v[:, source])
+            if write_mode == "chunk_mean":
+                pending.append(token)
+            else:
+                memories.write(*token, frozen=frozen, **write_args)
         in_window = torch.arange(max(0, t - window + 1), t + 1, device=q.device)
         local.append(_softmax_over(q[:, t], k[:, in_window], v[:, in_window], scale))
-        reads.append(_read(q[:, t], memory))
-    return torch.stack(local, dim=1), torch.stack(reads, dim=1), memory
+        q_t = _unit(q[:, t]) if normalize_queries else q[:, t]
+        reads.append(memories.read(q_t, slot_keys, slot_top_k, slot_temperature, slow_weight))
+        if write_mode == "chunk_mean" and (t % chunk_size == chunk_size - 1 or t == length - 1):
+            _write_chunk_means(memories, pending, write_args)
+            pending = []
+    return torch.stack(local, dim=1), torch.stack(reads, dim=1), memories.stacked()
+
+
+def _write_chunk_means(memories, pending, write_args):
+    """After a chunk: each slot gets one write of the means of the chunk's tokens routed to it.
+
+    Means are per (batch row, head); a row with no token in the slot is left unchanged.
+    """
+    if not pending:
+        return
+    slot_keys, rule = write_args["slot_keys"], write_args["rule"]
+    for m in range(len(memories.banks[0])):
+        masks = []
+        for raw, key, _ in pending:
+            if slot_keys is None:
+                masks.append(key.new_ones(key.shape[:2]))
+            else:
+                route = _cosine_logits(raw, slot_keys, write_args["temperature"]).argmax(dim=-1)
+                masks.append((route == m).to(key.dtype))
+        count = sum(masks)
+        safe = count.clamp_min(1.0)[..., None]
+        key_mean = sum(w[..., None] * key for w, (_, key, _) in zip(masks, pending)) / safe
+        value_mean = sum(w[..., None] * val for w, (_, _, val) in zip(masks, pending)) / safe
+        for ts, (decay, rate) in enumerate(write_args["params"]):
+            memory = memories.banks[ts][m]
+            written = _tensor_cache_write(memory, key_mean, value_mean, decay, rate, rule)
+            memories.banks[ts][m] = torch.where((count > 0)[..., None, None], written, memory)
 
 
 def _infini_absorb(memory, normalizer, keys, values, rule, eps):
