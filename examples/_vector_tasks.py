@@ -429,3 +429,77 @@ def figure(rows, sweep_key, sweep, published, path, title, xlabel):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def run_sweep(args, *, experiment, sweep_key, sweep_name, sweep, run_cell, protocols, task,
+              published, published_notes, scale_differences, labels):
+    """Run one experiment's sweep (method x setting x seed) and write its JSON, table, figure.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        From ``experiment_parser`` plus ``--methods`` (the experiment's own sweep option is
+        passed as ``sweep``).
+    experiment : str
+        File stem and the ``experiment`` field of the JSON.
+    sweep_key, sweep_name : str
+        The cell setting swept (``"n_filler"``) and its name in a protocol and the JSON
+        (``"fillers"``).
+    sweep : sequence of int or None
+        Values given on the command line; None takes the protocol's.
+    run_cell : callable
+        The experiment's module-level cell function (picklable for joblib and Dask).
+    protocols, task, published, published_notes, scale_differences : dict
+        The experiment's constants.
+    labels : dict
+        ``column`` (value -> column label), ``title`` (markdown heading), ``figure_title``,
+        ``xlabel``, ``target`` (what the MSE is on) and ``sweep_text`` (value list -> text).
+    """
+    import json
+    import time
+
+    from _common import environment
+
+    from svtoolkit.sweep import describe_backend, grid, run_cells
+
+    scale = "quick" if args.quick else "paper" if args.paper else "default"
+    protocol = dict(protocols[scale])
+    seeds = tuple(args.seeds) if args.seeds else protocol["seeds"]
+    protocol.pop("seeds")
+    values = tuple(sweep) if sweep else protocol[sweep_name]
+    protocol.pop(sweep_name)
+    settings = [{sweep_key: v, "protocol": protocol, "device": args.device,
+                 "threads": args.threads} for v in values]
+    cells = grid(args.methods, settings, seeds)
+    suffix = "" if scale == "default" else f"_{scale}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{experiment}{suffix}"
+    start = time.perf_counter()
+    results = run_cells(run_cell, cells, results=stem.with_suffix(".cells.jsonl"),
+                        jobs=args.jobs, dask_scheduler=args.dask_scheduler,
+                        progress=not args.no_progress,
+                        desc=f"{experiment.replace('_', ' ')} ({scale})")
+    rows = summarise(cells, results, args.methods, sweep_key, values, published)
+    scale_line = (f"Scale '{scale}': embedding + one attention layer (d_model "
+                  f"{protocol['d_model']}, {protocol['n_heads']} heads) + value head, "
+                  f"{protocol['steps']} steps x batch {protocol['batch_size']} (MSE on the "
+                  f"{labels['target']}), lr {protocol['lr']}, {protocol['n_heldout']} held-out "
+                  f"instances, seeds {list(seeds)}, {labels['sweep_text'](list(values))}; "
+                  f"torch layers on {args.device}, SV support from the exact fp64 gate.")
+    payload = {"experiment": experiment, "scale": scale, "protocol": protocol,
+               "fixed": FIXED, "task": task, sweep_name: list(values), "seeds": list(seeds),
+               "methods": args.methods,
+               "backend": describe_backend(args.jobs, args.dask_scheduler),
+               "wall_s_this_call": time.perf_counter() - start, "scale_note": scale_line,
+               "published": published, "published_note": published_notes,
+               "differences_from_paper": [*DIFFERENCES, *scale_differences[scale]],
+               "rows": rows,
+               "environment": environment()}
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    table = markdown(rows, sweep_key, values, labels["column"], published, published_notes,
+                     scale_line)
+    stem.with_suffix(".md").write_text(labels["title"] + "\n\n" + table)
+    figure(rows, sweep_key, values, published, stem.with_suffix(".png"),
+           labels["figure_title"].format(scale=scale), labels["xlabel"])
+    print(table)
+    return 0

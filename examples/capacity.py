@@ -49,24 +49,12 @@ Run::
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, experiment_parser  # noqa: E402
-from _vector_tasks import (  # noqa: E402
-    DIFFERENCES,
-    FIXED,
-    METHODS,
-    figure,
-    markdown,
-    run_vector_cell,
-    summarise,
-)
-
-from svtoolkit.sweep import describe_backend, grid, run_cells  # noqa: E402
+from _common import experiment_parser  # noqa: E402
+from _vector_tasks import METHODS, run_sweep, run_vector_cell  # noqa: E402
 
 #: What the text of Forgetful Attention (arXiv:2607.12204), §5 states for Table 5 (the table's
 #: cells are not in the text): every method aces 8 items, DeltaNet falls 0.93 -> 0.06, SV
@@ -132,47 +120,18 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    scale = "quick" if args.quick else "paper" if args.paper else "default"
-    protocol = dict(PROTOCOLS[scale])
-    seeds = tuple(args.seeds) if args.seeds else protocol.pop("seeds")
-    protocol.pop("seeds", None)
-    items = tuple(args.items) if args.items else protocol["items"]
-    protocol.pop("items")
-    settings = [{"n_items": n, "protocol": protocol, "device": args.device,
-                 "threads": args.threads} for n in items]
-    cells = grid(args.methods, settings, seeds)
-    suffix = "" if scale == "default" else f"_{scale}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"capacity{suffix}"
-    start = time.perf_counter()
-    results = run_cells(run_cell, cells, results=stem.with_suffix(".cells.jsonl"),
-                        jobs=args.jobs, dask_scheduler=args.dask_scheduler,
-                        progress=not args.no_progress, desc=f"capacity ({scale})")
-    rows = summarise(cells, results, args.methods, "n_items", items, PUBLISHED)
-    scale_line = (f"Scale '{scale}': embedding + one attention layer (d_model "
-                  f"{protocol['d_model']}, {protocol['n_heads']} heads) + value head, "
-                  f"{protocol['steps']} steps x batch {protocol['batch_size']} (MSE on the "
-                  f"queries), lr {protocol['lr']}, {protocol['n_heldout']} held-out instances, "
-                  f"seeds {list(seeds)}, items {list(items)}; torch layers on {args.device}, "
-                  f"SV support from the exact fp64 gate.")
-    payload = {"experiment": "capacity", "scale": scale, "protocol": protocol,
-               "fixed": FIXED, "task": TASK, "items": list(items), "seeds": list(seeds),
-               "methods": args.methods,
-               "backend": describe_backend(args.jobs, args.dask_scheduler),
-               "wall_s_this_call": time.perf_counter() - start, "scale_note": scale_line,
-               "published": PUBLISHED, "published_note": PUBLISHED_NOTES,
-               "differences_from_paper": [*DIFFERENCES, *SCALE_DIFFERENCES[scale]],
-               "rows": rows,
-               "environment": environment()}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    table = markdown(rows, "n_items", items, lambda n: f"{n} items", PUBLISHED,
-                     PUBLISHED_NOTES, scale_line)
-    stem.with_suffix(".md").write_text(
-        "# Capacity on near-orthogonal keys (Forgetful Attention, Table 5)\n\n" + table)
-    figure(rows, "n_items", items, PUBLISHED, stem.with_suffix(".png"),
-           f"Capacity recall@1, near-orthogonal keys ({scale} scale)", "distinct items")
-    print(table)
-    return 0
+    return run_sweep(
+        args, experiment="capacity", sweep_key="n_items", sweep_name="items", sweep=args.items,
+        run_cell=run_cell, protocols=PROTOCOLS, task=TASK, published=PUBLISHED,
+        published_notes=PUBLISHED_NOTES, scale_differences=SCALE_DIFFERENCES,
+        labels={
+            "column": lambda n: f"{n} items",
+            "title": "# Capacity on near-orthogonal keys (Forgetful Attention, Table 5)",
+            "figure_title": "Capacity recall@1, near-orthogonal keys ({scale} scale)",
+            "xlabel": "distinct items",
+            "target": "queries",
+            "sweep_text": lambda v: f"items {v}",
+        })
 
 
 if __name__ == "__main__":

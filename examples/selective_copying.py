@@ -46,24 +46,12 @@ Run::
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, experiment_parser  # noqa: E402
-from _vector_tasks import (  # noqa: E402
-    DIFFERENCES,
-    FIXED,
-    METHODS,
-    figure,
-    markdown,
-    run_vector_cell,
-    summarise,
-)
-
-from svtoolkit.sweep import describe_backend, grid, run_cells  # noqa: E402
+from _common import experiment_parser  # noqa: E402
+from _vector_tasks import METHODS, run_sweep, run_vector_cell  # noqa: E402
 
 #: What the text of Forgetful Attention (arXiv:2607.12204), §5 states for Table 3 (the table's
 #: cells are not in the text): SV-Attention ~0.99 at every F, softmax 0.48-0.76, the
@@ -126,47 +114,19 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    scale = "quick" if args.quick else "paper" if args.paper else "default"
-    protocol = dict(PROTOCOLS[scale])
-    seeds = tuple(args.seeds) if args.seeds else protocol.pop("seeds")
-    protocol.pop("seeds", None)
-    fillers = tuple(args.fillers) if args.fillers else protocol["fillers"]
-    protocol.pop("fillers")
-    settings = [{"n_filler": f, "protocol": protocol, "device": args.device,
-                 "threads": args.threads} for f in fillers]
-    cells = grid(args.methods, settings, seeds)
-    suffix = "" if scale == "default" else f"_{scale}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"selective_copying{suffix}"
-    start = time.perf_counter()
-    results = run_cells(run_cell, cells, results=stem.with_suffix(".cells.jsonl"),
-                        jobs=args.jobs, dask_scheduler=args.dask_scheduler,
-                        progress=not args.no_progress, desc=f"selective copying ({scale})")
-    rows = summarise(cells, results, args.methods, "n_filler", fillers, PUBLISHED)
-    scale_line = (f"Scale '{scale}': embedding + one attention layer (d_model "
-                  f"{protocol['d_model']}, {protocol['n_heads']} heads) + value head, "
-                  f"{protocol['steps']} steps x batch {protocol['batch_size']} (MSE on the "
-                  f"probe), lr {protocol['lr']}, {protocol['n_heldout']} held-out instances, "
-                  f"seeds {list(seeds)}, F in {list(fillers)}; torch layers on {args.device}, "
-                  f"SV support from the exact fp64 gate.")
-    payload = {"experiment": "selective_copying", "scale": scale, "protocol": protocol,
-               "fixed": FIXED, "task": TASK, "fillers": list(fillers), "seeds": list(seeds),
-               "methods": args.methods,
-               "backend": describe_backend(args.jobs, args.dask_scheduler),
-               "wall_s_this_call": time.perf_counter() - start, "scale_note": scale_line,
-               "published": PUBLISHED, "published_note": PUBLISHED_NOTES,
-               "differences_from_paper": [*DIFFERENCES, *SCALE_DIFFERENCES[scale]],
-               "rows": rows,
-               "environment": environment()}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    table = markdown(rows, "n_filler", fillers, lambda f: f"F={f}", PUBLISHED,
-                     PUBLISHED_NOTES, scale_line)
-    stem.with_suffix(".md").write_text(
-        "# Selective copying (Forgetful Attention, Table 3)\n\n" + table)
-    figure(rows, "n_filler", fillers, PUBLISHED, stem.with_suffix(".png"),
-           f"Selective copying recall@1 ({scale} scale)", "filler tokens F")
-    print(table)
-    return 0
+    return run_sweep(
+        args, experiment="selective_copying", sweep_key="n_filler", sweep_name="fillers",
+        sweep=args.fillers,
+        run_cell=run_cell, protocols=PROTOCOLS, task=TASK, published=PUBLISHED,
+        published_notes=PUBLISHED_NOTES, scale_differences=SCALE_DIFFERENCES,
+        labels={
+            "column": lambda f: f"F={f}",
+            "title": "# Selective copying (Forgetful Attention, Table 3)",
+            "figure_title": "Selective copying recall@1 ({scale} scale)",
+            "xlabel": "filler tokens F",
+            "target": "probe",
+            "sweep_text": lambda v: f"F in {v}",
+        })
 
 
 if __name__ == "__main__":
