@@ -58,7 +58,13 @@ class Hit(NamedTuple):
 
 @njit
 def _similarities(keys, n, q, inv_sigma2, out):
-    """out[i] = exp(-||keys[i] - q||^2 / sigma^2) for i < n (coordinate-wise, no cancellation)."""
+    """out[i] = exp(-||keys[i] - q||^2 / sigma^2) for i < n (coordinate-wise, no cancellation).
+
+    A second RBF loop beside :func:`svtoolkit.kernels.rbf_row`, kept because the store holds its
+    keys row-major (``keys[i]`` one record, as they are written to the file) while the solver's
+    kernels read keys as columns; the similarities only rank answers (no exactness claim rests
+    on them), so libm's exp is used as is.
+    """
     d = keys.shape[1]
     for i in range(n):
         acc = 0.0
