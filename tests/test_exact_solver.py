@@ -1036,3 +1036,20 @@ def test_bulk_path_is_not_taken_in_warm_up_or_into_a_filled_solver():
     t.add(X[0])
     t.extend(X[1:])  # not empty: walked
     assert t.n_bulk_builds == 0 and t.kkt_residual() <= 1e-13
+
+
+def test_audit_and_consistency_are_frozen_results_that_still_read_as_mappings():
+    from svtoolkit.exact import Audit, Consistency
+
+    s = IncrementalSVDD(0.2, 1.0)
+    s.extend(np.random.default_rng(41).standard_normal((20, 3)))
+    found, report = s.consistency(), s.audit()
+    assert isinstance(found, Consistency) and isinstance(report, Audit)
+    assert found["kkt_residual"] == found.kkt_residual <= 1e-13
+    assert set(report.keys()) == {"grad_drift", "inverse_residual", "kkt_residual",
+                                  "refactorized"}
+    assert report.to_dict()["refactorized"] is False
+    with pytest.raises(KeyError, match="no_such_field"):
+        found["no_such_field"]
+    with pytest.raises(AttributeError, match="cannot assign"):
+        found.kkt_residual = 0.0

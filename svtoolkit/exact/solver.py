@@ -15,7 +15,7 @@ from .._validation import as_key, as_keys, check_positive, check_sigma, largest_
 from . import _bulk as B
 from . import _walk as W
 
-__all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure"]
+__all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "Audit", "Consistency"]
 
 #: Fresh gradients switch from the Numba loop to blocked matrix products above this much work
 #: (n * |support| * d multiply-adds) for keys of at least BLAS_FRESH_MIN_DIM dimensions (below
@@ -158,6 +158,68 @@ def _check_state(state, n, m, d, solver):
             or (alpha < 0.0).any() or abs(alpha.sum() - 1.0) > STATE_SUM_TOL:
         raise ValueError("state coefficients disagree with their partition or with "
                          "sum(a) = 1 (reserve exactly 0, error exactly C, margin in (0, C))")
+
+
+class _MappingResult:
+    """Mixin for frozen result dataclasses that were plain dicts in earlier versions:
+    ``result["field"]``, ``keys()``, ``items()`` and ``to_dict()`` keep old code working."""
+
+    def __getitem__(self, name):
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self):
+        return self.__dataclass_fields__.keys()
+
+    def items(self):
+        return [(name, getattr(self, name)) for name in self.__dataclass_fields__]
+
+    def to_dict(self):
+        return dict(self.items())
+
+
+@dataclass(frozen=True)
+class Consistency(_MappingResult):
+    """What :meth:`IncrementalSVDD.consistency` measured (NaN anywhere reads as ``inf``).
+
+    Attributes
+    ----------
+    kkt_residual : float
+        As :meth:`IncrementalSVDD.kkt_residual`, from fresh gradients.
+    grad_drift : float
+        max |g maintained - g fresh| over every key (on the margin set both are ~0).
+    inverse_residual : float
+        ||R M - I||_max for the maintained bordered inverse R.
+    margin_rows_drift : float
+        max |K_S maintained - K_S fresh| over the margin set's kernel rows (0.0 when not
+        recomputed).
+    """
+
+    kkt_residual: float
+    grad_drift: float
+    inverse_residual: float
+    margin_rows_drift: float
+
+
+@dataclass(frozen=True)
+class Audit(_MappingResult):
+    """What :meth:`IncrementalSVDD.audit` found and did.
+
+    Attributes
+    ----------
+    grad_drift, inverse_residual : float
+        As in :class:`Consistency`, before any repair.
+    kkt_residual : float
+        After any repair.
+    refactorized : bool
+        Whether the drift exceeded the audit thresholds and the state was refactorised.
+    """
+
+    grad_drift: float
+    inverse_residual: float
+    kkt_residual: float
+    refactorized: bool
 
 
 @dataclass(frozen=True)
@@ -1152,17 +1214,13 @@ class IncrementalSVDD:
 
         Returns
         -------
-        dict
-            ``kkt_residual`` (as :meth:`kkt_residual`), ``grad_drift`` (max |g maintained -
-            g fresh| over every key; on the margin set both are ~0), ``inverse_residual``
-            (||R M - I||_max for the bordered inverse R) and ``margin_rows_drift`` (max
-            |K_S maintained - K_S fresh| over the margin set's kernel rows). NaN anywhere
-            reads as ``inf``.
+        Consistency
+            ``kkt_residual``, ``grad_drift``, ``inverse_residual`` and ``margin_rows_drift``
+            (a frozen dataclass; ``result["kkt_residual"]`` also works).
         """
         n, m = self._n, self._m
         if n == 0:
-            return {"kkt_residual": 0.0, "grad_drift": 0.0, "inverse_residual": 0.0,
-                    "margin_rows_drift": 0.0}
+            return Consistency(0.0, 0.0, 0.0, 0.0)
         fresh = self._fresh_gradients()
         drift = largest_violation(np.abs(self._grad[:n] - fresh))
         inv_res = rows_drift = 0.0
@@ -1174,8 +1232,8 @@ class IncrementalSVDD:
                 W.kernel_column(self._Xt, n, slot, self._anchor, self._fs[2], column)
                 rows_drift = max(rows_drift,
                                  largest_violation(np.abs(self._KSt[p, :n] - column)))
-        return {"kkt_residual": self._kkt_from(fresh), "grad_drift": drift,
-                "inverse_residual": inv_res, "margin_rows_drift": rows_drift}
+        return Consistency(kkt_residual=self._kkt_from(fresh), grad_drift=drift,
+                           inverse_residual=inv_res, margin_rows_drift=rows_drift)
 
     def _bordered(self):
         m = self._m
@@ -1191,22 +1249,21 @@ class IncrementalSVDD:
 
         Returns
         -------
-        dict
-            ``grad_drift`` (max |g maintained - g fresh|), ``inverse_residual``
-            (||R M - I||_max), ``kkt_residual`` (after any repair) and ``refactorized``.
+        Audit
+            ``grad_drift``, ``inverse_residual``, ``kkt_residual`` (after any repair) and
+            ``refactorized`` (a frozen dataclass; ``result["kkt_residual"]`` also works).
         """
         self._ops_since_audit = 0
         if self._n == 0:
-            return {"grad_drift": 0.0, "inverse_residual": 0.0, "kkt_residual": 0.0,
-                    "refactorized": False}
+            return Audit(0.0, 0.0, 0.0, False)
         found = self.consistency(margin_rows=False)
         drift, inv_res = found["grad_drift"], found["inverse_residual"]
         repaired = drift > AUDIT_GRAD_TOL or inv_res > AUDIT_INVERSE_TOL
         if repaired:
             self._refactorize()
-        return {"grad_drift": drift, "inverse_residual": inv_res,
-                "kkt_residual": self.kkt_residual() if repaired else found["kkt_residual"],
-                "refactorized": repaired}
+        return Audit(grad_drift=drift, inverse_residual=inv_res,
+                     kkt_residual=self.kkt_residual() if repaired else found.kkt_residual,
+                     refactorized=repaired)
 
     def _polish(self):
         """Refresh the state of the current partition from scratch.
