@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validation import as_keys, check_positive
+from ._validation import as_keys, check_int, check_positive
 
 __all__ = [
     "gaussian_keys",
@@ -40,11 +40,7 @@ SHUTTLE_FEATURES = tuple(f"f{i}" for i in range(1, 10))
 
 
 def _check_count(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return int(value)
+    return check_int(value, name, min=minimum)
 
 
 def _as_rng(rng):

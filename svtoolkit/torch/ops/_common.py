@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..._validation import check_int
+
 __all__ = [
     "check_qkv",
     "check_per_token",
@@ -94,12 +96,8 @@ def gate_weight(gate: torch.Tensor, batch: int, length: int, heads: int) -> torc
 
 
 def check_positive_int(name: str, value: int) -> int:
-    """Check ``value`` is a positive Python integer (bool excluded)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1; got {value}")
-    return value
+    """A positive integer (bool refused), by :func:`svtoolkit._validation.check_int`."""
+    return check_int(value, name, min=1)
 
 
 def check_state(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
