@@ -908,14 +908,14 @@ def test_exactly_feasible_by_rounding_still_certifies():
 def test_format_1_states_load_into_the_shifted_kernel():
     """States written before the shifted kernel (format 1: KSt = K, R = M^{-1}, fs[0] = rho)
     convert on load and continue exactly."""
-    from svtoolkit.exact.solver import _unshifted_inverse
+    from svtoolkit.exact._state import unshifted_inverse
 
     rng = np.random.default_rng(23)
     s = IncrementalSVDD(0.1, 1.3)
     ids = s.extend(rng.standard_normal((40, 4)))
     state = s.state_dict()
     m = len(state["S"])
-    old = dict(state, format=1, KSt=state["KSt"] + 1.0, R=_unshifted_inverse(state["R"]),
+    old = dict(state, format=1, KSt=state["KSt"] + 1.0, R=unshifted_inverse(state["R"]),
                fs=state["fs"] - np.array([1.0, 0.0, 0.0, 0.0]))
     t = IncrementalSVDD.from_state_dict(old)
     assert m > 0 and t.consistency()["inverse_residual"] <= 1e-10

@@ -14,6 +14,14 @@ import numpy as np
 from .._validation import as_key, as_keys, check_positive, check_sigma, largest_violation
 from . import _bulk as B
 from . import _walk as W
+from ._state import (
+    INT64_MAX,
+    check_state,
+    shifted_inverse,
+    state_int,
+    state_ints,
+    unshifted_inverse,
+)
 
 __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "Audit", "Consistency"]
 
@@ -43,121 +51,12 @@ AUDIT_GRAD_TOL = 1e-10
 AUDIT_INVERSE_TOL = 1e-8
 
 
-def _unshifted_inverse(R_shifted):
-    """M^{-1} = T^{-1} M'^{-1} for M = [[0, 1^T], [1, 2 K_SS]], M' its shifted-kernel twin.
-
-    K = K' + 1 1^T gives M = M' T with T = [[1, 2 1^T], [0, I]]; T^{-1} only changes row 0:
-    row_0 - 2 sum_p row_p.
-    """
-    R = R_shifted.copy()
-    R[0] -= 2.0 * R_shifted[1:].sum(axis=0)
-    return R
-
-
-def _shifted_inverse(R):
-    """Inverse of :func:`_unshifted_inverse`: M'^{-1} = T M^{-1} (row 0 + 2 sum_p row_p)."""
-    R_shifted = R.copy()
-    R_shifted[0] += 2.0 * R[1:].sum(axis=0)
-    return R_shifted
-
-
 class SolverFailure(RuntimeError):
     """The exact walk could not finish (event limit or no admissible event).
 
     Raised after the solver has been rebuilt from the keys it held before the operation, so
     the state is that of a fresh solve of those keys.
     """
-
-
-_INT64_MAX = int(np.iinfo(np.int64).max)
-#: |sum(a) - 1| a stored state may show (the KKT residual itself is checked by the loader).
-STATE_SUM_TOL = 1e-9
-
-
-def _state_int(state, key, low, high):
-    """``state[key]`` as a Python int in [low, high], or ValueError naming the field."""
-    value = state[key]
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral,
-                                                                      np.integer)):
-        raise ValueError(f"state[{key!r}] must be an integer; got {value!r}")
-    if not low <= int(value) <= high:
-        raise ValueError(f"state[{key!r}] = {value} is outside [{low}, {high}]")
-    return int(value)
-
-
-def _state_ints(state, key, shape):
-    """``state[key]`` as an int64 array of the given shape (integer dtype required)."""
-    arr = np.asarray(state[key])
-    if arr.shape != shape:
-        raise ValueError(f"state[{key!r}] has shape {arr.shape}, expected {shape}")
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"state[{key!r}] must hold integers; got dtype {arr.dtype}")
-    return arr.astype(np.int64)
-
-
-def _state_floats(state, key, shape):
-    """``state[key]`` as a finite float64 array of the given shape."""
-    arr = np.asarray(state[key])
-    if arr.shape != shape:
-        raise ValueError(f"state[{key!r}] has shape {arr.shape}, expected {shape}")
-    if arr.dtype.kind not in "fiu":
-        raise ValueError(f"state[{key!r}] must hold real numbers; got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
-    if not np.isfinite(arr).all():
-        raise ValueError(f"state[{key!r}] contains NaN or inf")
-    return arr
-
-
-def _check_state(state, n, m, d, solver):
-    """Structural checks of a stored state with n >= 1 keys, before any of it is used.
-
-    Everything the Numba kernels index with or divide by is checked, so a damaged state is
-    refused with a ValueError instead of reaching them: integer fields and their ranges,
-    finite floats, the anchor, the partition codes and their coefficients (reserve exactly 0,
-    error exactly C, margin strictly inside), the margin list against the status array and
-    its positions, ``sum(a) = 1``, and the derived constants against C and sigma. Optimality
-    itself is :meth:`IncrementalSVDD.consistency`'s job (O(n |support| d)).
-    """
-    for key, shape in {"Xt": (d, n), "alpha": (n,), "grad": (n,), "KSt": (m, n),
-                       "R": (m + 1, m + 1)}.items():
-        _state_floats(state, key, shape)
-    ids = _state_ints(state, "ids", (n,))
-    status = _state_ints(state, "status", (n,))
-    spos = _state_ints(state, "spos", (n,))
-    S = _state_ints(state, "S", (m,))
-    ist = _state_ints(state, "ist", (W.IST_SIZE,))
-    fs = np.asarray(state["fs"], dtype=np.float64)
-    if fs.shape != (4,):
-        raise ValueError(f"state['fs'] has shape {fs.shape}, expected (4,)")
-    if not (np.isfinite(fs[0]) and fs[1] == solver._fs[1] and fs[2] == solver._fs[2]
-            and fs[3] > 0.0):
-        raise ValueError("state['fs'] disagrees with C and sigma or holds a non-finite rho")
-    anchor = int(ist[W._ANCHOR])
-    if not -1 <= anchor < n or not -1 <= int(ist[W._CUR_C]) < n:
-        raise ValueError("state's anchor or current slot is outside [-1, n)")
-    expected_neg = np.zeros(n, bool)
-    if anchor >= 0:
-        expected_neg[anchor] = True
-    if not np.array_equal(ids < 0, expected_neg) or (anchor >= 0 and ids[anchor] != -1):
-        raise ValueError("state ids: keys need ids >= 0 and only the anchor slot holds -1")
-    if not np.isin(status, (W.RESERVE, W.MARGIN, W.ERROR)).all():
-        raise ValueError("state status codes must be reserve (0), margin (1) or error (2)")
-    if not np.array_equal(np.sort(S), np.flatnonzero(status == W.MARGIN)):
-        raise ValueError("state margin list disagrees with the status array")
-    expected_spos = np.full(n, -1, dtype=np.int64)
-    expected_spos[S] = np.arange(m)
-    if not np.array_equal(spos, expected_spos):
-        raise ValueError("state margin positions (spos) disagree with the margin list")
-    alpha = np.asarray(state["alpha"], dtype=np.float64)
-    real = ids >= 0
-    C = solver._C
-    inside = (alpha > 0.0) & (alpha < C)
-    if ((status == W.RESERVE) & (alpha != 0.0)).any() \
-            or ((status == W.ERROR) & real & (alpha != C)).any() \
-            or ((status == W.MARGIN) & real & ~inside).any() \
-            or (alpha < 0.0).any() or abs(alpha.sum() - 1.0) > STATE_SUM_TOL:
-        raise ValueError("state coefficients disagree with their partition or with "
-                         "sum(a) = 1 (reserve exactly 0, error exactly C, margin in (0, C))")
 
 
 class _MappingResult:
@@ -990,7 +889,7 @@ class IncrementalSVDD:
         return MarginSystem(
             margin_ids=self._ids[S].copy(),
             error_ids=self.error_ids,
-            inverse=_unshifted_inverse(self._R[: m + 1, : m + 1]),
+            inverse=unshifted_inverse(self._R[: m + 1, : m + 1]),
             rho=self.rho,
             alpha_margin=self._alpha[S].copy(),
             C=self._C,
@@ -1043,9 +942,9 @@ class IncrementalSVDD:
         if version not in (1, cls._STATE_FORMAT):
             raise ValueError(f"unknown solver state format {version!r}")
         solver = cls(state["C"], state["sigma"],
-                     audit_every=_state_int(state, "audit_every", 0, _INT64_MAX))
-        d = _state_int(state, "d", -1, _INT64_MAX)
-        ist = _state_ints(state, "ist", (W.IST_SIZE,))
+                     audit_every=state_int(state, "audit_every", 0, INT64_MAX))
+        d = state_int(state, "d", -1, INT64_MAX)
+        ist = state_ints(state, "ist", (W.IST_SIZE,))
         n, m = int(ist[W._N]), int(ist[W._M])
         if not 0 <= m <= n:
             raise ValueError(f"state sizes are inconsistent: n={n}, m={m} (need 0 <= m <= n)")
@@ -1056,13 +955,13 @@ class IncrementalSVDD:
                 raise ValueError("state dimension d must be >= 1 (or -1 before any key)")
             if ist[W._ANCHOR] != -1 or ist[W._CUR_C] != -1:
                 raise ValueError("an empty state cannot hold an anchor or a current slot")
-            solver._next_id = _state_int(state, "next_id", 0, _INT64_MAX)
+            solver._next_id = state_int(state, "next_id", 0, INT64_MAX)
             if d > 0:
                 solver._d = d
                 solver._allocate(d=d, cap=16, mcap=8)
                 solver._ist[:] = ist
             return solver
-        _check_state(state, n, m, d, solver)
+        check_state(state, n, m, d, solver)
         solver._d = d
         cap, mcap = max(16, n + 1), max(8, m + 1)
         solver._allocate(d=d, cap=cap, mcap=mcap)
@@ -1078,10 +977,10 @@ class IncrementalSVDD:
         solver._fs[:] = state["fs"]
         if version == 1:  # unshifted kernel: K' = K - 1, R' = T R, rho' = rho + 1
             solver._KSt[:m, :n] -= 1.0
-            solver._R[: m + 1, : m + 1] = _shifted_inverse(solver._R[: m + 1, : m + 1])
+            solver._R[: m + 1, : m + 1] = shifted_inverse(solver._R[: m + 1, : m + 1])
             solver._fs[0] += 1.0
         solver._ist[:] = ist
-        solver._next_id = _state_int(state, "next_id", 0, _INT64_MAX)
+        solver._next_id = state_int(state, "next_id", 0, INT64_MAX)
         ids = solver._ids[:n]
         real = ids[ids >= 0]
         if len(np.unique(real)) != len(real) or (len(real) and real.max() >= solver._next_id):
