@@ -76,7 +76,8 @@ SENS_TOL = 1e-12
 #: FEASIBILITY_TOL (svtoolkit._rules): n C >= 1 - tol counts as feasible; an anchor residue
 #: below it is snapped to 0.
 #: At rest, error/reserve points whose gradient has the wrong sign by more than
-#: max(REPAIR_MIN_TOL * max(C, 1), REPAIR_FACTOR * C * kappa_i) are relaxed by their own walk
+#: max(REPAIR_MIN_TOL * max(C, 1), REPAIR_FACTOR * C * min(kappa_i, KAPPA_TOL)) are relaxed by
+#: their own walk
 #: (kappa_i: the point's Schur complement against S; see :func:`worst_violator`).
 REPAIR_MIN_TOL = 1e-13
 REPAIR_FACTOR = 4.0
@@ -308,7 +309,9 @@ def refresh_inverse_if_drifted(R, m, S, KSt):
     apart during warm-up). A factorised inverse solves the border row (the sum) to rounding.
     """
     w = np.empty(m + 1)
-    if inverse_probe_residual(R, m, S, KSt, w, w) <= PROBE_TOL:
+    # PROBE_TOL_MAX, not PROBE_TOL: drift that breaks the sum shows far above it, while on a
+    # large margin set the probe's own rounding floor can exceed PROBE_TOL (O(m^3) per shrink)
+    if inverse_probe_residual(R, m, S, KSt, w, w) <= PROBE_TOL_MAX:
         return
     M = np.zeros((m + 1, m + 1))
     for p in range(m):
