@@ -129,5 +129,5 @@ def test_protocols_state_the_scaling():
     paper = script.PROTOCOLS["paper"]
     assert paper["gaps"] == (24, 36, 48) and paper["long_gaps"] == (128, 256, 512, 1024)
     assert paper["steps"] == 300 and 64 in paper["chunks"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
         script.parse_args(["--table", "2"])

@@ -67,8 +67,10 @@ def test_quick_rows_cover_the_grid_and_are_finite(quick_run):
 
 def test_quick_sv_rows_have_exact_recall_and_support(quick_run):
     stem, payload, _ = quick_run
-    key, _ = SCRIPTS[stem]
-    for row in (r for r in payload["rows"] if r["method"] == "sv"):
+    _, sweep = SCRIPTS[stem]
+    sv_rows = [r for r in payload["rows"] if r["method"] == "sv"]
+    assert len(sv_rows) == len(sweep)  # one SV row per swept setting
+    for row in sv_rows:
         assert 0.0 <= row["recall_at_1_exact_mean"] <= 1.0
         context = row["attn_options"]["chunk"]
         # |S u E| of an SVDD with box C holds at least 1/C keys and at most the context

@@ -86,5 +86,5 @@ def test_mqar_protocols_state_the_published_settings():
     assert default["n_heldout"] == 400 and default["n_queries"] == 8
     for protocol in script.PROTOCOLS.values():
         assert protocol["seq_len"] >= 2 * max(protocol["pairs"]) + 2 * protocol["n_queries"]
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
         script.parse_args(["--quick", "--paper"])

@@ -258,5 +258,5 @@ def test_cli_sign_and_key_required(tmp_path, capsys, monkeypatch):
     assert cli(capsys, "sign", store, "--key-file", key_file)[0] == 0
     assert ForgettableMemory.load(store, key=KEY).signed
     # --key (a record key) is never read as an abbreviation of --key-file
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
         main(["memory", "list", str(store), "--key", str(key_file)])
