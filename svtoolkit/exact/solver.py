@@ -513,7 +513,7 @@ class IncrementalSVDD:
         try:
             self._land_bulk(X, ids)
             accepted = self.kkt_residual() <= BULK_KKT_TOL
-        except SolverFailure:
+        except (SolverFailure, np.linalg.LinAlgError):  # a singular polish: the walk decides
             accepted = False
         if accepted:
             self._next_id = int(ids[-1]) + 1
