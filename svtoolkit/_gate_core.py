@@ -33,8 +33,11 @@ from .exact import IncrementalSVDD
 __all__ = [
     "COUNT_MAX",
     "ExactStream",
+    "GATE_MODES",
+    "GATE_UPDATES",
     "GateOptions",
     "GateResult",
+    "PREFIX_WEIGHTINGS",
     "as_index",
     "bad_exclude",
     "bucket_width",
@@ -42,6 +45,7 @@ __all__ = [
     "check_iters",
     "check_partition_tol",
     "check_ridge",
+    "check_switch",
     "chunk_ends",
     "count_threshold",
     "dtype_name",
@@ -74,6 +78,23 @@ def check_partition_tol(tol):
 def check_ridge(ridge):
     """Ridge of the bordered system: a finite real ``>= 0``."""
     return check_real(ridge, "ridge", min=0)
+
+
+#: ``gate=``: the SVDD gate (default) or the gate-off ablation (every prefix key at weight 1,
+#: the "SV (no gate)" row of Forgetful Attention (arXiv:2607.12204), §5, Table 2).
+GATE_MODES = ("svdd", "uniform")
+#: ``gate_update=``: one gate per chunk (default, chunk-frozen) or one per token (§3.5).
+GATE_UPDATES = ("chunk", "token")
+#: ``prefix_weighting=`` of the hybrid: multipliers ``a / C`` (default) or the raw ``a``.
+PREFIX_WEIGHTINGS = ("normalized", "raw")
+
+
+def check_switch(value, name, choices):
+    """An ablation switch: one of the strings ``choices`` (``ValueError`` otherwise)."""
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -263,8 +284,8 @@ class GateResult:
     exact : bool
         True when the coefficients come from the exact fp64 solver.
 
-    Subclasses add ``multipliers()``: ``max(a / C, 0)`` where gated, 1 where not, 0 beyond
-    each prefix, of shape (B, H, J, P).
+    Subclasses add ``multipliers(weighting="normalized")``: ``max(a / C, 0)`` (``"raw"``:
+    ``max(a, 0)``) where gated, 1 where not, 0 beyond each prefix, of shape (B, H, J, P).
     """
 
     alpha: Any
@@ -311,13 +332,26 @@ class ExactStream:
     budget : int, optional
         Admitted keys per (sequence, head) above which certified reserve keys are evicted at a
         boundary (see the layers' ``init_state``).
+    gate : {"svdd", "uniform"}, default "svdd"
+        ``"uniform"``: every admitted key is read at multiplier 1 (the gate-off ablation; the
+        solvers are still kept, so that ``forget`` works the same way). No key is certified
+        inert then, so a ``budget`` is refused.
+    prefix_weighting : {"normalized", "raw"}, default "normalized"
+        Multipliers of a gated prefix: ``a / C`` or the raw coefficients ``a``.
     """
 
-    def __init__(self, C, sigma, chunk, n_heads, batch_size, *, budget=None):
+    def __init__(self, C, sigma, chunk, n_heads, batch_size, *, budget=None, gate="svdd",
+                 prefix_weighting="normalized"):
         self.C, self.sigma, self.chunk = C, sigma, chunk
+        self.gate = check_switch(gate, "gate", GATE_MODES)
+        self.prefix_weighting = check_switch(prefix_weighting, "prefix_weighting",
+                                             PREFIX_WEIGHTINGS)
         self.batch_size = check_int(batch_size, "batch_size", min=1)
         if budget is not None:
             budget = check_int(budget, "budget", min=1)
+            if self.gate == "uniform":
+                raise ValueError("budget needs gate='svdd': a uniform gate certifies no key "
+                                 "as inert, so nothing can be evicted without changing outputs")
         self.budget = budget
         self.position = 0
         H = n_heads
@@ -407,13 +441,16 @@ class ExactStream:
         self.values[b].pop(position, None)
 
     def _refresh(self, b, h):
-        """Multipliers of the admitted keys: a / C when the gate is on, else 1."""
+        """Multipliers of the admitted keys: a / C (or a, raw weighting) when the gate is on,
+        else 1 (warm-up, uncertified, or the uniform gate)."""
         solver = self.solvers[b][h]
         mult = {}
-        if solver.certified and self.prefix_size[b] >= warmup_size(self.C):
+        gated = self.gate == "svdd" and solver.certified
+        if gated and self.prefix_size[b] >= warmup_size(self.C):
+            divisor = 1.0 if self.prefix_weighting == "raw" else self.C
             position_of = {i: p for p, i in self.ids[b][h].items()}
             for key_id, a in zip(solver.ids, solver.alpha, strict=True):
-                mult[position_of[int(key_id)]] = a / self.C
+                mult[position_of[int(key_id)]] = a / divisor
         else:
             mult = {p: 1.0 for p in self.ids[b][h]}
         self.multipliers[b][h] = mult

@@ -37,7 +37,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .._gate_core import ExactStream, GateOptions, dtype_name, unsupported_dtype
+from .._gate_core import (
+    GATE_MODES,
+    GATE_UPDATES,
+    PREFIX_WEIGHTINGS,
+    ExactStream,
+    GateOptions,
+    check_switch,
+    dtype_name,
+    unsupported_dtype,
+)
 from .._validation import check_int
 from .ops import (
     MLXSVGate,
@@ -46,6 +55,7 @@ from .ops import (
     sv_gate,
     sv_hybrid_readout,
     sv_rbf_readout,
+    uniform_sv_gate,
 )
 
 __all__ = [
@@ -78,6 +88,9 @@ class CausalSVAttention(nn.Module):
     chunk : int, default 64
     fista_iters : int, default 80
     ridge : float, default 1e-3
+    gate : {"svdd", "uniform"}, default "svdd"
+    gate_update : {"chunk", "token"}, default "chunk"
+        The ablation switches of the torch layer (see there).
     head_dim : int, optional
         Default ``d_model // n_heads``.
     bias : bool, default False
@@ -93,10 +106,13 @@ class CausalSVAttention(nn.Module):
     """
 
     hybrid = False
+    prefix_weighting = "normalized"
 
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
-                 ridge=1e-3, head_dim=None, bias=False):
+                 ridge=1e-3, gate="svdd", gate_update="chunk", head_dim=None, bias=False):
         super().__init__()
+        self.gate_mode = check_switch(gate, "gate", GATE_MODES)
+        self.gate_update = check_switch(gate_update, "gate_update", GATE_UPDATES)
         check_int(d_model, "d_model", min=1)
         check_int(n_heads, "n_heads", min=1)
         if head_dim is None:
@@ -150,11 +166,26 @@ class CausalSVAttention(nn.Module):
         v = self.v_proj(x).reshape(shape)
         return self._rms(q), self._rms(k), v
 
+    @property
+    def gate_chunk(self):
+        """Spacing of the gate boundaries: ``chunk``, or 1 with ``gate_update="token"``."""
+        return 1 if self.gate_update == "token" else self.chunk
+
     def _readout(self, q, k, v, gate, exclude):
         if self.hybrid:
-            return sv_hybrid_readout(q, k, v, gate, chunk=self.chunk, exclude=exclude)
-        return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.chunk,
+            return sv_hybrid_readout(q, k, v, gate, chunk=self.gate_chunk, exclude=exclude,
+                                     prefix_weighting=self.prefix_weighting)
+        return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.gate_chunk,
                               exclude=exclude)
+
+    def _gate_of(self, k, exact, exclude):
+        if self.gate_mode == "uniform":
+            return uniform_sv_gate(k, C=self.C, chunk=self.gate_chunk, exclude=exclude)
+        if exact:
+            return exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.gate_chunk,
+                                 exclude=exclude)
+        return sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.gate_chunk,
+                       iters=self.fista_iters, ridge=self.ridge, exclude=exclude)
 
     def _project_out(self, o):
         B, T = o.shape[:2]
@@ -164,24 +195,19 @@ class CausalSVAttention(nn.Module):
     def __call__(self, x, exclude=None):
         """Training path: x (B, T, d_model) -> (B, T, d_model), batched approximate gate."""
         q, k, v = self._qkv(x)
-        gate = sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, iters=self.fista_iters,
-                       ridge=self.ridge, exclude=exclude)
+        gate = self._gate_of(k, False, exclude)
         return self._project_out(self._readout(q, k, v, gate, exclude))
 
     def forward_exact(self, x, exclude=None):
         """Exact-gate path: the same readout on coefficients from the fp64 exact solver."""
         q, k, v = self._qkv(x)
-        gate = exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, exclude=exclude)
+        gate = self._gate_of(k, True, exclude)
         return self._project_out(self._readout(q, k, v, gate, exclude))
 
     def gate(self, x, *, exact=False, exclude=None):
-        """The gate coefficients of every chunk boundary (:class:`MLXSVGate`) for input x."""
+        """The gate coefficients of every gate boundary (:class:`MLXSVGate`) for input x."""
         _, k, _ = self._qkv(x)
-        if exact:
-            return exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk,
-                                 exclude=exclude)
-        return sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, iters=self.fista_iters,
-                       ridge=self.ridge, exclude=exclude)
+        return self._gate_of(k, exact, exclude)
 
     def init_state(self, batch_size, *, budget=None):
         """A fresh exact streaming state for ``batch_size`` sequences (see SVStreamState)."""
@@ -216,9 +242,12 @@ class CausalSVAttention(nn.Module):
             raise TypeError(f"{cls.__name__}.from_torch needs a "
                             f"{'hybrid' if cls.hybrid else 'chunk-frozen'} torch SV layer; got "
                             f"{type(module).__name__}")
+        switches = {"gate": module.gate_mode, "gate_update": module.gate_update}
+        if cls.hybrid:
+            switches["prefix_weighting"] = module.prefix_weighting
         layer = cls(module.d_model, module.n_heads, C=module.C, sigma=module.sigma,
                     chunk=module.chunk, fista_iters=module.fista_iters, ridge=module.ridge,
-                    head_dim=module.head_dim, bias=module.q_proj.bias is not None)
+                    head_dim=module.head_dim, bias=module.q_proj.bias is not None, **switches)
         weights = [(name, _mlx_weight(tensor)) for name, tensor in module.state_dict().items()]
         layer.load_weights(weights, strict=True)
         return layer
@@ -227,9 +256,16 @@ class CausalSVAttention(nn.Module):
 class HybridSVAttention(CausalSVAttention):
     """SV-Attention with a dense local path (MLX): learned q.k softmax over [0, t], prefix keys
     times their gate multiplier ``a_i / C``, keys of t's own chunk read directly. Same
-    parameters as :class:`CausalSVAttention`."""
+    parameters as :class:`CausalSVAttention`, plus ``prefix_weighting`` ("normalized" or
+    "raw", as the torch layer)."""
 
     hybrid = True
+
+    def __init__(self, d_model, n_heads, *, prefix_weighting="normalized", **options):
+        prefix_weighting = check_switch(prefix_weighting, "prefix_weighting",
+                                        PREFIX_WEIGHTINGS)
+        super().__init__(d_model, n_heads, **options)
+        self.prefix_weighting = prefix_weighting
 
 
 class SVStreamState(ExactStream):
@@ -250,8 +286,9 @@ class SVStreamState(ExactStream):
     """
 
     def __init__(self, layer, batch_size, *, budget=None):
-        super().__init__(layer.C, layer.sigma, layer.chunk, layer.n_heads, batch_size,
-                         budget=budget)
+        super().__init__(layer.C, layer.sigma, layer.gate_chunk, layer.n_heads, batch_size,
+                         budget=budget, gate=layer.gate_mode,
+                         prefix_weighting=layer.prefix_weighting)
         self.layer = layer
 
     def forget(self, b, position):

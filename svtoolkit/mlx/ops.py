@@ -24,9 +24,11 @@ import mlx.core as mx
 import numpy as np
 
 from .._gate_core import (
+    PREFIX_WEIGHTINGS,
     GateOptions,
     GateResult,
     bad_exclude,
+    check_switch,
     chunk_ends,
     exact_prefix_gates,
     warmup_size,
@@ -41,6 +43,7 @@ __all__ = [
     "rbf_gram",
     "sv_gate",
     "exact_sv_gate",
+    "uniform_sv_gate",
     "sv_rbf_readout",
     "sv_hybrid_readout",
 ]
@@ -89,12 +92,15 @@ class MLXSVGate(GateResult):
     exact : bool
     """
 
-    def multipliers(self):
-        """(B, H, J, P): ``max(a / C, 0)`` where gated, 1 where not, 0 beyond each prefix."""
+    def multipliers(self, weighting="normalized"):
+        """(B, H, J, P): ``max(a / C, 0)`` (``weighting="raw"``: ``max(a, 0)``) where gated,
+        1 where not, 0 beyond each prefix."""
+        check_switch(weighting, "weighting", PREFIX_WEIGHTINGS)
         B, H, J, P = self.alpha.shape
         inside = (mx.arange(P)[None, :] < mx.array(self.ends)[:, None]).astype(self.alpha.dtype)
         ones = mx.broadcast_to(inside, (B, H, J, P))
-        return mx.where(self.gated[..., None], mx.maximum(self.alpha / self.C, 0.0), ones)
+        scaled = self.alpha if weighting == "raw" else self.alpha / self.C
+        return mx.where(self.gated[..., None], mx.maximum(scaled, 0.0), ones)
 
 
 def sv_gate(k, *, C, sigma, chunk, iters=80, ridge=RIDGE, tol=BATCHED_PARTITION_TOL,
@@ -162,6 +168,18 @@ def exact_sv_gate(k, *, C, sigma, chunk, exclude=None):
     return MLXSVGate(mx.array(alpha, dtype=k.dtype), mx.array(gated), ends, opts.C, True)
 
 
+def uniform_sv_gate(k, *, C, chunk, exclude=None):
+    """The gate-off ablation (every boundary ungated, every prefix key at multiplier 1; the
+    twin of :func:`svtoolkit.torch.ops.chunked_sv.uniform_sv_gate`). Nothing is solved."""
+    opts = GateOptions(C=C, sigma=1.0, chunk=chunk)
+    B, T, H, _ = k.shape
+    _keep(exclude, B, T)
+    ends = chunk_ends(T, opts.chunk)
+    P = ends[-1] if ends else 0
+    return MLXSVGate(mx.zeros((B, H, len(ends), P), dtype=k.dtype),
+                     mx.zeros((B, H, len(ends)), dtype=mx.bool_), ends, opts.C, False)
+
+
 def as_numpy64(x):
     """A detached MLX array as a float64 ndarray (half precision goes through float32)."""
     return np.array(mx.stop_gradient(x).astype(mx.float32 if x.dtype != mx.float64
@@ -196,9 +214,11 @@ def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
     return mx.swapaxes(out, 1, 2)
 
 
-def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None):
+def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None,
+                      prefix_weighting="normalized"):
     """Hybrid readout: causal q.k softmax over [0, t]; prefix keys (before t's chunk) times
-    their multipliers, keys of t's own chunk (up to t) read directly."""
+    their multipliers (``a / C``, or ``a`` with ``prefix_weighting="raw"``), keys of t's own
+    chunk (up to t) read directly."""
     B, T, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qh, kh, vh = (mx.swapaxes(x, 1, 2) for x in (q, k, v))
@@ -206,7 +226,7 @@ def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None):
     t = mx.arange(T)
     causal = t[None, :] <= t[:, None]
     local = causal & (t[None, :] >= (t[:, None] // chunk) * chunk)
-    prefix = _rows_of(gate.multipliers().astype(q.dtype), T, chunk)
+    prefix = _rows_of(gate.multipliers(prefix_weighting).astype(q.dtype), T, chunk)
     mult = mx.where(local, mx.ones_like(prefix), prefix) * causal.astype(q.dtype)
     mult = mult * _keep(exclude, B, T)[:, None, None, :].astype(q.dtype)
     allowed = mult > 0

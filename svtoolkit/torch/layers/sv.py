@@ -29,6 +29,12 @@ exactly 0; a later admission may have made them matter again - the certificate's
 Under a budget the stored keys and values are bounded too: a position's key and value are
 dropped once no head holds it and it is not in the current chunk.
 
+Ablation switches (defaults are the layer above; ``docs/layers.md`` has the table):
+``gate="uniform"`` reads every prefix key at weight 1 ("SV (no gate)"), ``gate_update="token"``
+re-solves the gate at every token (the chunk-1 gate; one solve per token), and the hybrid's
+``prefix_weighting="raw"`` weights gated prefix keys by ``a_i`` instead of ``a_i / C``. All
+three paths and the streaming state honour them.
+
 Streaming inference is not differentiable: ``forward_with_state`` and ``step`` run without
 autograd and the state stores detached keys and values (train with ``forward``).
 """
@@ -41,9 +47,23 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..._gate_core import ExactStream, GateOptions, unsupported_dtype
+from ..._gate_core import (
+    GATE_MODES,
+    GATE_UPDATES,
+    PREFIX_WEIGHTINGS,
+    ExactStream,
+    GateOptions,
+    check_switch,
+    unsupported_dtype,
+)
 from ..._validation import check_int
-from ..ops.chunked_sv import exact_sv_gate, sv_gate, sv_hybrid_readout, sv_rbf_readout
+from ..ops.chunked_sv import (
+    exact_sv_gate,
+    sv_gate,
+    sv_hybrid_readout,
+    sv_rbf_readout,
+    uniform_sv_gate,
+)
 from ._base import HeadsAttention
 
 __all__ = ["CausalSVAttention", "HybridSVAttention", "SVStreamState"]
@@ -69,6 +89,17 @@ class CausalSVAttention(HeadsAttention):
         FISTA iterations of the batched partition finder (training path).
     ridge : float, default 1e-3
         Ridge of the batched bordered solve (training path).
+    gate : {"svdd", "uniform"}, default "svdd"
+        ``"uniform"`` switches the gate off: every prefix key is read at multiplier 1 (same
+        keys, same readout; nothing is solved) - the "SV (no gate)" ablation of Forgetful
+        Attention (arXiv:2607.12204), §5, Table 2.
+    gate_update : {"chunk", "token"}, default "chunk"
+        ``"chunk"``: chunk-frozen, query t reads the gate fit on the prefix before its chunk
+        (the paper's layer). ``"token"``: the gate is re-solved at every token and query t
+        reads the gate of ``[0, t)`` (the token-level ablation of §3.5); the hybrid's local
+        path is then the token itself. This is the chunk-1 gate: ``chunk`` is not used, and
+        every path costs one gate solve per token (T - 1 batched ridged solves in training,
+        one exact increment per token at inference).
     head_dim, bias : see :class:`svtoolkit.torch.layers.HeadsAttention`.
 
     Notes
@@ -81,13 +112,18 @@ class CausalSVAttention(HeadsAttention):
 
     hybrid = False
 
+    prefix_weighting = "normalized"
+
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
-                 ridge=1e-3, **options):
+                 ridge=1e-3, gate="svdd", gate_update="chunk", **options):
+        gate = check_switch(gate, "gate", GATE_MODES)
+        gate_update = check_switch(gate_update, "gate_update", GATE_UPDATES)
         super().__init__(d_model, n_heads, **options)
         gate_options = GateOptions(
             C=C, sigma=math.sqrt(2.0 * self.head_dim) if sigma is None else sigma, chunk=chunk,
             ridge=ridge)
         fista_iters = check_int(fista_iters, "fista_iters", min=1)
+        self.gate_mode, self.gate_update = gate, gate_update
         #: the checked options of the gate (framework-neutral, shared with the MLX layers)
         self.gate_options = dataclasses.replace(gate_options, iters=fista_iters)
         self.C, self.sigma, self.chunk = gate_options.C, gate_options.sigma, gate_options.chunk
@@ -106,11 +142,26 @@ class CausalSVAttention(HeadsAttention):
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         return F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,)), v
 
+    @property
+    def gate_chunk(self):
+        """Spacing of the gate boundaries: ``chunk``, or 1 with ``gate_update="token"``."""
+        return 1 if self.gate_update == "token" else self.chunk
+
     def _readout(self, q, k, v, gate, exclude):
         if self.hybrid:
-            return sv_hybrid_readout(q, k, v, gate, chunk=self.chunk, exclude=exclude)
-        return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.chunk,
+            return sv_hybrid_readout(q, k, v, gate, chunk=self.gate_chunk, exclude=exclude,
+                                     prefix_weighting=self.prefix_weighting)
+        return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.gate_chunk,
                               exclude=exclude)
+
+    def _gate_of(self, k, exact, exclude):
+        if self.gate_mode == "uniform":
+            return uniform_sv_gate(k, C=self.C, chunk=self.gate_chunk, exclude=exclude)
+        if exact:
+            return exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.gate_chunk,
+                                 exclude=exclude)
+        return sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.gate_chunk,
+                       iters=self.fista_iters, ridge=self.ridge, exclude=exclude)
 
     # ------------------------------------------------------------------ the three paths
     def forward(self, x, exclude=None):
@@ -119,24 +170,19 @@ class CausalSVAttention(HeadsAttention):
         ``exclude`` (B, T) bool removes tokens from the gates and the readout.
         """
         q, k, v = self._qkv(x)
-        gate = sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk,
-                       iters=self.fista_iters, ridge=self.ridge, exclude=exclude)
+        gate = self._gate_of(k, False, exclude)
         return self.o_proj(self._readout(q, k, v, gate, exclude).flatten(-2))
 
     def forward_exact(self, x, exclude=None):
         """Exact-gate path: the same readout on coefficients from the fp64 exact solver."""
         q, k, v = self._qkv(x)
-        gate = exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, exclude=exclude)
+        gate = self._gate_of(k, True, exclude)
         return self.o_proj(self._readout(q, k, v, gate, exclude).flatten(-2))
 
     def gate(self, x, *, exact=False, exclude=None):
-        """The gate coefficients of every chunk boundary (:class:`SVGate`) for input x."""
+        """The gate coefficients of every gate boundary (:class:`SVGate`) for input x."""
         _, k, _ = self._qkv(x)
-        if exact:
-            return exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk,
-                                 exclude=exclude)
-        return sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.chunk, iters=self.fista_iters,
-                       ridge=self.ridge, exclude=exclude)
+        return self._gate_of(k, exact, exclude)
 
     def init_state(self, batch_size, *, budget=None):
         """A fresh exact streaming state for ``batch_size`` sequences (see SVStreamState)."""
@@ -162,10 +208,25 @@ class HybridSVAttention(CausalSVAttention):
 
     A query at t attends with a learned q.k softmax over all of [0, t]: keys of the long-range
     prefix (before t's chunk) are multiplied by their gate multiplier ``a_i / C``, keys of t's
-    own chunk (up to t) are read directly. Same parameters as :class:`CausalSVAttention`.
+    own chunk (up to t) are read directly. Same parameters as :class:`CausalSVAttention`,
+    plus:
+
+    Parameters
+    ----------
+    prefix_weighting : {"normalized", "raw"}, default "normalized"
+        ``"normalized"``: gated prefix keys weigh ``a_i / C`` (an ungated boundary is plain
+        softmax). ``"raw"``: they weigh the raw coefficient ``a_i`` (summing to 1), as
+        Forgetful Attention (arXiv:2607.12204), §3.5 writes the hybrid. Ungated boundaries
+        (warm-up, ``gate="uniform"``) read every key at 1 in both.
     """
 
     hybrid = True
+
+    def __init__(self, d_model, n_heads, *, prefix_weighting="normalized", **options):
+        prefix_weighting = check_switch(prefix_weighting, "prefix_weighting",
+                                        PREFIX_WEIGHTINGS)
+        super().__init__(d_model, n_heads, **options)
+        self.prefix_weighting = prefix_weighting
 
 
 class SVStreamState(ExactStream):
@@ -193,8 +254,9 @@ class SVStreamState(ExactStream):
     """
 
     def __init__(self, layer, batch_size, *, budget=None):
-        super().__init__(layer.C, layer.sigma, layer.chunk, layer.n_heads, batch_size,
-                         budget=budget)
+        super().__init__(layer.C, layer.sigma, layer.gate_chunk, layer.n_heads, batch_size,
+                         budget=budget, gate=layer.gate_mode,
+                         prefix_weighting=layer.prefix_weighting)
         self.layer = layer
 
     def forget(self, b, position):

@@ -32,6 +32,11 @@ Two ways to get the coefficients:
 ``exclude`` (B, T) bool removes tokens from everything: they are never admitted to a gate and
 never read (the semantics of deleting a token, see :mod:`svtoolkit.torch.layers.sv`).
 
+Ablation switches (``docs/layers.md``): :func:`uniform_sv_gate` is the gate switched off
+(every multiplier 1, nothing solved); ``SVGate.multipliers("raw")`` and
+``sv_hybrid_readout(..., prefix_weighting="raw")`` weight the hybrid's prefix by the raw
+coefficients ``a_i``; the token-level gate update is ``chunk=1`` (a gate per token).
+
 Only the tensor algebra is here: the options, the rules (chunk ends, warm-up size) and the exact
 prefix gates are framework-neutral (:mod:`svtoolkit._gate_core`) and shared with the MLX twin
 (:mod:`svtoolkit.mlx.ops`). The module was called ``sv_attention``; that name is kept as an
@@ -48,9 +53,11 @@ import numpy as np
 import torch
 
 from ..._gate_core import (
+    PREFIX_WEIGHTINGS,
     GateOptions,
     GateResult,
     bad_exclude,
+    check_switch,
     chunk_ends,
     exact_prefix_gates,
     warmup_size,
@@ -65,6 +72,7 @@ __all__ = [
     "rbf_gram",
     "sv_gate",
     "exact_sv_gate",
+    "uniform_sv_gate",
     "sv_rbf_readout",
     "sv_hybrid_readout",
 ]
@@ -87,15 +95,21 @@ class SVGate(GateResult):
         True when the coefficients come from the exact fp64 solver.
     """
 
-    def multipliers(self):
-        """(B, H, J, P): ``a / C`` where gated, 1 where not, 0 beyond each prefix."""
+    def multipliers(self, weighting="normalized"):
+        """(B, H, J, P): ``a / C`` where gated, 1 where not, 0 beyond each prefix.
+
+        ``weighting="raw"`` gives the raw coefficients ``a`` where gated instead (they sum to
+        1 over each prefix; ungated boundaries stay at 1).
+        """
+        check_switch(weighting, "weighting", PREFIX_WEIGHTINGS)
         B, H, J, P = self.alpha.shape
         inside = torch.arange(P, device=self.alpha.device)[None, :] < torch.tensor(
             self.ends, device=self.alpha.device
         )[:, None]
         ones = inside.to(self.alpha.dtype).expand(B, H, J, P)
+        scaled = self.alpha if weighting == "raw" else self.alpha / self.C
         # the ridged (approximate) coefficients can dip below 0: such keys are not read
-        return torch.where(self.gated[..., None], (self.alpha / self.C).clamp_min(0.0), ones)
+        return torch.where(self.gated[..., None], scaled.clamp_min(0.0), ones)
 
 
 def rbf_gram(a, b, sigma):
@@ -230,6 +244,39 @@ def exact_sv_gate(k, *, C, sigma, chunk, exclude=None):
                   ends, opts.C, True)
 
 
+def uniform_sv_gate(k, *, C, chunk, exclude=None):
+    """The gate-off ablation: every boundary ungated, so every prefix key has multiplier 1.
+
+    The readouts then read the same keys as with the SVDD gate (the non-excluded prefix of
+    each chunk) at uniform weight: the RBF readout becomes plain RBF kernel attention over the
+    prefix and the hybrid plain causal softmax - the "SV (no gate)" ablation of Forgetful
+    Attention (arXiv:2607.12204), §5, Table 2. Nothing is solved.
+
+    Parameters
+    ----------
+    k : Tensor of shape (B, T, H, D)
+        Keys (only their shape, dtype and device are used).
+    C : float
+        Box (checked and recorded; unused otherwise).
+    chunk : int
+    exclude : Tensor of shape (B, T), bool, optional
+        Checked; the readouts apply it.
+
+    Returns
+    -------
+    SVGate
+        ``alpha`` zeros of shape (B, H, J, P), ``gated`` all False, ``exact=False``.
+    """
+    opts = GateOptions(C=C, sigma=1.0, chunk=chunk)
+    B, T, H, _ = k.shape
+    _keep(exclude, B, T, k.device)
+    ends = chunk_ends(T, opts.chunk)
+    P = ends[-1] if ends else 0
+    return SVGate(k.new_zeros(B, H, len(ends), P),
+                  torch.zeros(B, H, len(ends), dtype=torch.bool, device=k.device), ends,
+                  opts.C, False)
+
+
 def _rows_of(table, T, chunk):
     """(B, H, J, P) per-boundary rows -> (B, H, T, T) per query (chunk 0: zeros)."""
     B, H, J, P = table.shape
@@ -270,7 +317,8 @@ def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
     return out.transpose(1, 2)
 
 
-def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None):
+def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None,
+                      prefix_weighting="normalized"):
     """Hybrid readout: causal q.k softmax over [0, t], prefix keys times their multipliers.
 
     Parameters
@@ -282,6 +330,11 @@ def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None):
     scale : float, optional
         Logit scale (default ``1 / sqrt(D)``).
     exclude : Tensor of shape (B, T), bool, optional
+    prefix_weighting : {"normalized", "raw"}, default "normalized"
+        Multipliers of a gated prefix: ``a / C`` (an ungated boundary then equals plain
+        softmax, and a prefix key of the error set weighs as much as a local key), or the raw
+        coefficients ``a`` as Forgetful Attention (arXiv:2607.12204), §3.5 writes the hybrid
+        (they sum to 1, so the gated prefix weighs about 1/|prefix| of a local key).
 
     Returns
     -------
@@ -300,7 +353,7 @@ def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None):
     t = torch.arange(T, device=q.device)
     causal = t[None, :] <= t[:, None]
     local = causal & (t[None, :] >= (t[:, None] // chunk) * chunk)
-    prefix = _rows_of(gate.multipliers().to(q.dtype), T, chunk)
+    prefix = _rows_of(gate.multipliers(prefix_weighting).to(q.dtype), T, chunk)
     mult = torch.where(local, torch.ones_like(prefix), prefix) * causal.to(q.dtype)
     mult = mult * _keep(exclude, B, T, q.device)[:, None, None, :].to(q.dtype)
     allowed = mult > 0
