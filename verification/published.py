@@ -32,9 +32,11 @@ TABLE1 = {
     "shuttle": {"row": "MIMIC-IV (<=40 h, dedup 0.1)", "trials": 300, "completed": 299,
                 "partition_match": 0.98, "dev_median": 1.6e-9, "dev_p95": 1.2e-7,
                 "dev_mean": 5.6e-5, "dev_worst": 1.1e-2, "decay_dev_median": 0.149},
-    "learned": {"row": "Learned keys (QA model W_k)", "trials": 300, "completed": 300,
-                "partition_match": 1.00, "dev_median": 4.5e-13, "dev_p95": 4.6e-12,
-                "dev_mean": 9.7e-13, "dev_worst": 1.1e-11, "decay_dev_median": 0.0224},
+    # The paper's learned keys come from its trained recall (QA) model: the learned_recall regime.
+    "learned_recall": {"row": "Learned keys (QA model W_k)", "trials": 300, "completed": 300,
+                       "partition_match": 1.00, "dev_median": 4.5e-13, "dev_p95": 4.6e-12,
+                       "dev_mean": 9.7e-13, "dev_worst": 1.1e-11,
+                       "decay_dev_median": 0.0224},
 }
 
 #: §4 "Removing a planted secret" (30 trials).

@@ -21,7 +21,8 @@ __all__ = ["write_report", "regime_table", "to_plain", "FIGURES"]
 
 FIGURES = ("forgetting_worst_vs_decay.png", "deviation_vs_condition.png")
 #: Table labels of the regimes that cannot run yet.
-SKIPPED_LABELS = {"learned": "Learned keys (a trained model's W_k)"}
+SKIPPED_LABELS = {"learned": "Learned keys (a trained TinyLM's W_k)",
+                  "learned_recall": "Learned keys (a trained recall model's W_k)"}
 
 
 # ---------------------------------------------------------------------------------- JSON
@@ -357,8 +358,8 @@ def _markdown(results, figures):
         "",
         "## What this report does not show",
         "",
-        f"- {SKIPPED_LABELS['learned']}: {results['regimes']['learned']['skipped']}."
-        if results["regimes"].get("learned", {}).get("skipped") else "",
+        *[f"- {SKIPPED_LABELS[name]}: {results['regimes'][name]['skipped']}."
+          for name in SKIPPED_LABELS if results["regimes"].get(name, {}).get("skipped")],
         "- The real-data regime uses NASA Shuttle sensor rows shipped with river, not the "
         "paper's MIMIC-IV records (credentialed access); the comparison with that row is by "
         "role, not by data.",

@@ -1,8 +1,15 @@
-"""Learned keys: the key projections of a small trained SV-Attention language model.
+"""Learned keys: the key projections of small trained SV-Attention models.
 
 The fourth forgetting regime of Forgetful Attention (arXiv:2607.12204, §4, App. C, "a
 trained recall model's learned key projections") solves the gate on keys a trained model
-actually produces, not on synthetic draws. :func:`learned_key_sets` makes such keys deterministically and quickly: it trains a tiny
+actually produces, not on synthetic draws. Two sources, both deterministic and quick:
+
+* :func:`recall_key_sets` - the paper's source: a trained multi-query associative-recall
+  model (:class:`RecallModel`, trained by :func:`train_recall_model` on the continuous MQAR of
+  :func:`svtoolkit.tasks.mqar_vectors` through :func:`svtoolkit.torch.training.train`); the
+  keys are its ``W_k`` projections of held-out fact tokens. The same model is the subject of
+  ``examples/trained_recall_memory.py`` (forgetting, editing and eviction on it).
+* :func:`learned_key_sets` - a language model's keys: it trains a tiny
 :class:`svtoolkit.torch.TinyLM` with the hybrid SV layer (``attn="sv_hybrid"``) on the Python
 standard library's own source (zero install, :mod:`svtoolkit.corpora`) for a fixed number of
 steps, then runs held-out bytes (the validation split) through it and collects, per layer and
@@ -23,6 +30,7 @@ batched ``torch.linalg.solve`` of matrices larger than about 150 unreliable (pyt
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,12 +38,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..corpora import BatchSampler, byte_splits, corpus_digest, stdlib_source_bytes
 from ..data import deduplicate
+from .layers.sv import CausalSVAttention
 from .model import TinyLM
 
-__all__ = ["LearnedKeys", "learned_key_sets", "LEARNED_KEYS_CONFIG"]
+__all__ = [
+    "LearnedKeys",
+    "learned_key_sets",
+    "LEARNED_KEYS_CONFIG",
+    "RECALL_MODEL_CONFIG",
+    "RecallModel",
+    "TrainedRecallModel",
+    "train_recall_model",
+    "recall_key_sets",
+]
 
 #: The default recipe (about 10 s on one thread of a 2-core x86 VM).
 LEARNED_KEYS_CONFIG = dict(
@@ -194,5 +213,233 @@ def _extract(model, held_out, cfg):
                 kept, _ = deduplicate(keys[window, :context, head], cfg["dedup"])
                 key_sets.append(kept)
                 origin.append((layer_number, head, window))
-        x = blk(x)
+        # the block's forward written out (eval mode: no dropout), independent of the
+        # backbone's streaming options
+        x = x + attn(blk.ln_1(x))
+        x = x + blk.mlp(blk.ln_2(x))
     return key_sets, origin
+
+
+# --------------------------------------------------------------------------------------------
+# a trained multi-query associative-recall model (the paper's source of learned keys)
+# --------------------------------------------------------------------------------------------
+
+#: The recall model's recipe (about 10 s on one thread). Forgetful Attention's recall model
+#: (§6, Fig. 4) has one head, d_model 32, 8 facts of 8-dimensional keys and values, C = 0.2,
+#: kernel width 2 and 500 steps of batch 16 at lr 3e-3 in its public reference code; the
+#: toolkit's layer RMS-normalises keys and queries, so the width 2 acts on keys of norm
+#: ``sqrt(D)`` here (the choice of this recipe, not a published value).
+RECALL_MODEL_CONFIG = dict(
+    n_facts=8, n_queries=4, d_key=8, d_value=8, key_noise=0.02,
+    d_model=32, n_heads=1, C=0.2, sigma=2.0, fista_iters=80,
+    steps=500, batch_size=16, lr=3e-3, weight_decay=0.1, seed=0,
+    n_heldout=200,
+    context=40,  # fact tokens per key set of recall_key_sets
+    contexts=24,
+    dedup=0.1,
+)
+
+
+class RecallModel(nn.Module):
+    """Linear embedding -> :class:`CausalSVAttention` -> linear value head.
+
+    Each token is one continuous vector ``[key; value]`` (a fact) or ``[query; 0]``; the SV
+    chunk is the number of facts, so the queries (after the facts) read one gate fit on all
+    the facts.
+
+    Parameters
+    ----------
+    d_in, d_value : int
+        Token width ``d_key + d_value`` and output width.
+    d_model, n_heads : int
+    n_facts : int
+        Facts per context in training (the SV chunk).
+    C, sigma : float
+        Box and RBF width of the gate.
+    fista_iters : int
+    """
+
+    def __init__(self, d_in, d_value, d_model, n_heads, *, n_facts, C, sigma, fista_iters=80):
+        super().__init__()
+        self.embed = nn.Linear(d_in, d_model)
+        self.attn = CausalSVAttention(d_model, n_heads, C=C, sigma=sigma, chunk=n_facts,
+                                      fista_iters=fista_iters)
+        self.head = nn.Linear(d_model, d_value)
+
+    def forward(self, x, exact=False):
+        """x (B, T, d_in) -> (B, T, d_value); ``exact=True`` runs the fp64 exact gate."""
+        h = self.embed(x)
+        y = self.attn.forward_exact(h) if exact else self.attn(h)
+        return self.head(y)
+
+    def _float64(self):
+        """The model in float64: itself if it already is, else a copy (float32 weights are
+        float64 values exactly, so the copy computes the same function more precisely)."""
+        if self.embed.weight.dtype == torch.float64:
+            return self
+        return copy.deepcopy(self).double()
+
+    @torch.no_grad()
+    def project(self, x):
+        """Learned projections of tokens x (N, d_in): q, k, v, each (N, H, D), float64.
+
+        ``q`` and ``k`` are RMS-normalised per head as the layer's gate and readout see them.
+        """
+        model = self._float64()
+        h = model.embed(torch.as_tensor(np.asarray(x), dtype=torch.float64))
+        q, k, v = model.attn._qkv(h[None])
+        return q[0].numpy(), k[0].numpy(), v[0].numpy()
+
+    @torch.no_grad()
+    def decode(self, readout):
+        """Readouts (m, H, Dv) of the attention -> the model's value vectors (m, d_value)."""
+        model = self._float64()
+        r = torch.as_tensor(np.asarray(readout), dtype=torch.float64)
+        return model.head(model.attn.o_proj(r.flatten(-2))).numpy()
+
+
+@dataclass
+class TrainedRecallModel:
+    """A trained :class:`RecallModel` and how it was made.
+
+    Attributes
+    ----------
+    model : RecallModel
+        In eval mode, float32.
+    recall_at_1 : float
+        Held-out recall@1 (nearest value) on the batched gate it trained with.
+    recall_at_1_exact : float
+        The same on the exact fp64 gate (``forward_exact``).
+    train_loss : tuple of float
+        Mean query MSE over the first and the last 10 steps.
+    config : dict
+    seconds : float
+    """
+
+    model: RecallModel
+    recall_at_1: float
+    recall_at_1_exact: float
+    train_loss: tuple
+    config: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _recall_config(overrides):
+    unknown = set(overrides) - set(RECALL_MODEL_CONFIG)
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}; choose from "
+                         f"{sorted(RECALL_MODEL_CONFIG)}")
+    return {**RECALL_MODEL_CONFIG, **overrides}
+
+
+def _recall_task(cfg, n_examples, seed, n_facts=None):
+    from ..tasks import mqar_vectors
+
+    return mqar_vectors(n_examples, n_pairs=cfg["n_facts"] if n_facts is None else n_facts,
+                        n_queries=cfg["n_queries"], d_key=cfg["d_key"], d_value=cfg["d_value"],
+                        key_noise=cfg["key_noise"], seed=seed)
+
+
+def train_recall_model(*, device="cpu", **overrides):
+    """Train a :class:`RecallModel` on continuous MQAR with the toolkit's trainer.
+
+    Loss: mean-squared error of the query outputs against the bound values (through
+    :func:`svtoolkit.torch.training.train`'s ``loss=``: AdamW 0.9/0.95, clip 1.0, 5 % warm-up,
+    cosine to lr / 10); one fresh instance per example (seed ``seed``), scored on
+    ``n_heldout`` instances of :func:`svtoolkit.tasks.heldout_seed` ``(seed)``. Runs on one
+    thread (see the module notes), so a machine and set of versions reproduces it bit for bit.
+
+    Parameters
+    ----------
+    device : {"cpu", "cuda", "auto"}, default "cpu"
+        Where it trains (:func:`svtoolkit.torch.training.resolve_device`); the exact-gate
+        score runs on the CPU, and the returned model is on the CPU.
+    **overrides
+        Entries of :data:`RECALL_MODEL_CONFIG` to change.
+
+    Returns
+    -------
+    TrainedRecallModel
+    """
+    from ..tasks import heldout_seed, nearest_value_accuracy
+    from .training import TrainConfig, resolve_device, seed_everything, train
+
+    cfg = _recall_config(overrides)
+    device = resolve_device(device)
+    start = time.perf_counter()
+    with _one_thread():
+        task = _recall_task(cfg, cfg["steps"] * cfg["batch_size"], cfg["seed"])
+        heldout = _recall_task(cfg, cfg["n_heldout"], heldout_seed(cfg["seed"]))
+        seed_everything(cfg["seed"])
+        model = RecallModel(task.inputs.shape[-1], cfg["d_value"], cfg["d_model"],
+                            cfg["n_heads"], n_facts=cfg["n_facts"], C=cfg["C"],
+                            sigma=cfg["sigma"], fista_iters=cfg["fista_iters"]).to(device)
+        inputs = torch.from_numpy(task.inputs).float()
+        targets = torch.from_numpy(task.targets).float()
+        qpos = torch.from_numpy(task.query_positions).to(device)
+
+        def batch_at(step):
+            rows = slice(step * cfg["batch_size"], (step + 1) * cfg["batch_size"])
+            return inputs[rows], targets[rows]
+
+        def query_mse(output, target):
+            return F.mse_loss(output[:, qpos], target)
+
+        config = TrainConfig(steps=cfg["steps"], batch_size=cfg["batch_size"], lr=cfg["lr"],
+                             weight_decay=cfg["weight_decay"], seed=cfg["seed"],
+                             warmup_steps=max(1, cfg["steps"] // 20), device=device.type)
+        result = train(model, batch_at, config, loss=query_mse)
+        model = model.cpu().eval()
+        qpos = qpos.cpu()
+        with torch.no_grad():
+            x = torch.from_numpy(heldout.inputs).float()
+            scores = [nearest_value_accuracy(
+                heldout, model(x, exact=exact)[:, qpos].double().numpy())
+                for exact in (False, True)]
+    k = min(10, len(result.losses))
+    losses = (float(np.mean(result.losses[:k])), float(np.mean(result.losses[-k:])))
+    return TrainedRecallModel(model=model, recall_at_1=scores[0], recall_at_1_exact=scores[1],
+                              train_loss=losses, config=cfg,
+                              seconds=time.perf_counter() - start)
+
+
+def recall_key_sets(trained=None, **overrides):
+    """Key sets of a trained recall model: its ``W_k`` projections of held-out fact tokens.
+
+    Parameters
+    ----------
+    trained : TrainedRecallModel, optional
+        The model to read (default: :func:`train_recall_model` ``(**overrides)``).
+    **overrides
+        Entries of :data:`RECALL_MODEL_CONFIG` (``context``, ``contexts``, ``dedup`` shape the
+        key sets).
+
+    Returns
+    -------
+    LearnedKeys
+        ``contexts * n_heads`` key sets, each the keys the gate sees (RMS-normalised, float64)
+        of ``context`` fact tokens of one held-out instance, deduplicated within ``dedup``;
+        ``origin`` is ``(0, head, instance)``; ``train_bpb`` holds the training MSE (first and
+        last 10 steps) in place of bits per byte.
+    """
+    from ..tasks import heldout_seed
+
+    cfg = _recall_config(overrides)
+    start = time.perf_counter()
+    if trained is None:
+        trained = train_recall_model(**overrides)
+    task = _recall_task(cfg, cfg["contexts"], heldout_seed(cfg["seed"]) + 1,
+                        n_facts=cfg["context"])
+    model = trained.model
+    key_sets, origin = [], []
+    for instance in range(cfg["contexts"]):
+        facts = task.inputs[instance, :cfg["context"]]
+        _, keys, _ = model.project(facts)
+        for head in range(keys.shape[1]):
+            kept, _ = deduplicate(keys[:, head], cfg["dedup"])
+            key_sets.append(kept)
+            origin.append((0, head, instance))
+    layer = model.attn
+    return LearnedKeys(key_sets=key_sets, origin=origin, head_dim=layer.head_dim,
+                       sigma=layer.sigma, C=layer.C, train_bpb=trained.train_loss, config=cfg,
+                       corpus_digest="", seconds=time.perf_counter() - start + trained.seconds)
