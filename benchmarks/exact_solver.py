@@ -21,16 +21,26 @@ of the same keys and, at n = 512, against the walk replaying the keys one at a t
 median exact deletion against a scikit-learn refit. The bulk build's partition and coefficients
 are checked against the walked build where it is timed (n = 512).
 
+A third table, **large bulk builds**: n = 10^5 Gaussian keys in d = 16 (sigma = median
+distance of the first 1,000, nu = 0.3) with C = 1 / (nu n0) for n0 = n (about 30 % of the keys
+carry weight) and n0 = 1,000 (about 300 do): ``extend`` into an empty solver takes the Gram-free
+bulk path (SMO with a kernel-column cache from a subsample's partition, then the exact landing,
+certified by a fresh evaluation); reported with the peak of Python/NumPy allocations during the
+build (tracemalloc), the median deletion of a margin key, and a scikit-learn fit of the same keys
+(``--large-sklearn-runs``; by default only at n0 = 1,000, see ``--large-sklearn-n0``).
+
 JIT compilation is excluded (svtoolkit.warmup() and one untimed call of each peer first).
 
 Usage: python benchmarks/exact_solver.py [--sizes 120 256 512 1024] [--deletions 45]
-       [--refits 10] [--build-sizes 512 2048] [--build-runs 3]
+       [--refits 10] [--build-sizes 512 2048] [--build-runs 3] [--large-n 100000]
+       [--large-runs 3] [--large-sklearn-runs 1] [--large-sklearn-n0 1000]
 Writes benchmarks/results/exact_solver.json and exact_solver.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -210,6 +220,74 @@ def run_build(n, scale, runs, seed):
     return row
 
 
+LARGE_D = 16
+LARGE_NU = 0.3
+
+
+def _traced_build(X, C, sigma):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        solver = _build(X, C, sigma)
+        return solver, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def run_large(n, n0, runs, sklearn_runs, seed):
+    """One row of the large-build table (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, LARGE_D))
+    sigma = median_distance(X[:1000])
+    C = 1.0 / (LARGE_NU * n0)
+    builds, peaks = [], []
+    for _ in range(runs):
+        (solver, peak), dt = timed(_traced_build, X, C, sigma)
+        builds.append(dt)
+        peaks.append(peak)
+    row = {"n": n, "d": LARGE_D, "n0": n0, "nu": LARGE_NU, "C": C, "sigma": sigma,
+           "bulk_built": solver.n_bulk_builds == 1,
+           "partition": {"margin": len(solver.margin_ids), "error": len(solver.error_ids),
+                         "reserve": len(solver.reserve_ids)},
+           "extend": stats(builds), "peak_traced_bytes": int(max(peaks))}
+    residual, dt = timed(solver.kkt_residual)
+    row["kkt_residual"], row["kkt_residual_seconds"] = residual, dt
+    deletions = []
+    for _ in range(7):
+        pool = solver.margin_ids if len(solver.margin_ids) else solver.error_ids
+        deletions.append(timed(solver.remove, int(pool[rng.integers(len(pool))]))[1])
+    row["delete_margin"] = stats(deletions)
+    row["kkt_residual_after_deletions"] = solver.kkt_residual()
+    if sklearn_runs:
+        fits = [timed(sklearn_refit, X, C, sigma)[1] for _ in range(sklearn_runs)]
+        row["sklearn_fit"] = stats(fits)
+        row["extend_over_sklearn"] = float(np.median(builds) / np.median(fits))
+        row["sklearn_refit_over_delete"] = float(np.median(fits) / np.median(deletions))
+    return row
+
+
+def large_table(rows):
+    lines = [
+        "| n | d | n0 | S/E/R | extend (bulk) s | peak traced MiB | sklearn fit s "
+        "| extend / sklearn | delete ms | sklearn fit / delete | KKT |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        p, e, fit = r["partition"], r["extend"], r.get("sklearn_fit")
+        cells = [f"{r['n']:,}", str(r["d"]), f"{r['n0']:,}",
+                 f"{p['margin']}/{p['error']}/{p['reserve']}",
+                 f"{e['median']:.1f} ({e['min']:.1f}-{e['max']:.1f})",
+                 f"{r['peak_traced_bytes'] / 2**20:.0f}",
+                 f"{fit['median']:.1f} ({fit['count']} run)" if fit else "—",
+                 f"{r['extend_over_sklearn']:.2f}×" if fit else "—",
+                 fmt_ms(r["delete_margin"]["median"]),
+                 f"{r['sklearn_refit_over_delete']:,.0f}×" if fit else "—",
+                 f"{r['kkt_residual']:.0e}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def build_table(rows):
     lines = [
         "| n | sigma / median | \|S\| | extend (bulk) s | sklearn fit s | extend / sklearn "
@@ -264,13 +342,20 @@ def table(results):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[120, 256, 512, 1024])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[120, 256, 512, 1024])
     parser.add_argument("--deletions", type=int, default=45)
     parser.add_argument("--refits", type=int, default=10)
     parser.add_argument("--build-sizes", type=int, nargs="*", default=[512, 2048])
     parser.add_argument("--build-runs", type=int, default=3)
+    parser.add_argument("--large-n", type=int, nargs="*", default=[100_000])
+    parser.add_argument("--large-runs", type=int, default=3)
+    parser.add_argument("--large-sklearn-runs", type=int, default=1)
+    parser.add_argument("--large-sklearn-n0", type=int, nargs="*", default=[1000],
+                        help="the n0 of the large rows that get a scikit-learn fit (at n0 = n "
+                             "= 10^5 one fit takes far longer than the whole benchmark)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*Solution may be inaccurate.*")
+    load_before = os.getloadavg()  # the machine may be shared: say how busy it was
     warm_up()
     results = []
     for n in args.sizes:
@@ -288,15 +373,26 @@ def main(argv=None):
             print(f"n={n} sigma x{scale}: |S|={r['margin']} extend/sklearn "
                   f"{r['extend_over_sklearn']:.1f}x, refit/delete "
                   f"{r['sklearn_refit_over_delete']:.1f}x", flush=True)
+    large = []
+    for n in args.large_n:
+        for n0 in (n, 1000):
+            fits = args.large_sklearn_runs if n0 in args.large_sklearn_n0 else 0
+            r = run_large(n, n0, args.large_runs, fits, seed=n + n0)
+            large.append(r)
+            print(f"n={n} n0={n0}: extend {r['extend']['median']:.1f} s, "
+                  f"KKT {r['kkt_residual']:.1e}", flush=True)
     payload = {"benchmark": "exact_solver", "machine": machine_info(),
+               "load_average_1_5_15min": {"start": load_before, "end": os.getloadavg()},
                "setup": {"d": D, "nu": NU, "sigma": "median pairwise distance",
                          "C": "1 / (nu n), fixed", "deletions_per_size": args.deletions,
                          "refits_per_size": args.refits,
                          "timing": "perf_counter, gc paused, medians (min/max in JSON); "
                                    "JIT compile excluded"},
-               "results": results, "builds": builds}
+               "results": results, "builds": builds, "large_builds": large}
     path = write_json("exact_solver", payload)
     md = table(results) + "\n\nBuilds and large margin sets:\n\n" + build_table(builds)
+    if large:
+        md += "\n\nLarge bulk builds (Gram-free path):\n\n" + large_table(large)
     write_text("exact_solver.md", md + "\n")
     print(md)
     print(f"wrote {path}")

@@ -14,9 +14,20 @@
    the SMO solution survives but the partition it suggests.
 
 Memory: the Gram matrix, O(n^2) (``BULK_MAX_KEYS`` caps it); the walk's state is O(n m + m^2).
+
+Above that cap the build is Gram-free (:func:`smo_cached`): the same SMO with the kernel columns
+computed on demand and kept in a least-recently-used cache of a fixed number of columns, so its
+memory is O(n * columns). It starts from a partition guessed on an evenly spaced subsample
+(:func:`guess_start`: the subsample's own SMO solution at the same nu, evaluated at every key),
+and its gradients start from one evaluation from the keys (:func:`weighted_sums`). The landing
+is the same; its certificate is a fresh evaluation from the keys (the start's evaluation plus
+the kernel sums of every coefficient that moved since, :func:`weighted_sums` again).
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -108,4 +119,185 @@ def feasible_start(n, C):
     alpha[:full] = C
     if full < n:
         alpha[full] = max(0.0, 1.0 - full * C)
+    return alpha
+
+
+@njit
+def weighted_sums(Xt, lo, hi, inv_sigma2, keys, coef, out):
+    """out[i] = sum_q coef[q] K'(x_i, keys[:, q]) for lo <= i < hi (x_i = Xt[:, i]).
+
+    The distance loop and ``expm1`` of :func:`svtoolkit.kernels.rbf_row_minus_one` (the
+    walk's own kernel evaluations): O((hi - lo) q d), no cancellation. Disjoint ranges of i
+    can run in separate threads (the kernel releases the GIL).
+
+    Parameters
+    ----------
+    Xt : ndarray of shape (d, >= hi)
+    keys : ndarray of shape (d, q), C-contiguous
+    coef : ndarray of shape (q,)
+    out : ndarray of shape (>= hi,)
+    """
+    row = np.empty(keys.shape[1])
+    for i in range(lo, hi):
+        rbf_row_minus_one(keys, keys.shape[1], Xt[:, i], inv_sigma2, row)
+        s = 0.0
+        for q in range(keys.shape[1]):
+            s += coef[q] * row[q]
+        out[i] = s
+
+
+@njit
+def cached_column(Xt, n, inv_sigma2, key, cols, slot_of, key_of, stamp, clock):
+    """Row of ``cols`` holding K'[:, key] (computed into the least recently used row on a miss).
+
+    ``slot_of[key]`` is the row of a cached key or -1; ``key_of[row]`` the key of a row or -1;
+    ``stamp[row]`` the clock of its last use (the newest row is never the one evicted, so two
+    columns fetched in a row are both valid while ``cols`` has at least two rows).
+    """
+    s = slot_of[key]
+    if s < 0:
+        s = 0
+        for t in range(1, stamp.shape[0]):
+            if stamp[t] < stamp[s]:
+                s = t
+        if key_of[s] >= 0:
+            slot_of[key_of[s]] = -1
+        rbf_row_minus_one(Xt, n, Xt[:, key], inv_sigma2, cols[s])
+        cols[s, key] = 0.0
+        key_of[s] = key
+        slot_of[key] = s
+    stamp[s] = clock
+    return s
+
+
+@njit
+def smo_cached(Xt, n, inv_sigma2, C, tol, max_iter, alpha, grad, cols, slot_of, key_of, stamp):
+    """:func:`smo` without the Gram matrix: columns from :func:`cached_column`, in place.
+
+    Same selection, step and snapping as :func:`smo`, on the same kernel values (the walk's
+    ``rbf_row_minus_one``). ``grad`` must be ``2 K' alpha`` on entry.
+
+    Returns
+    -------
+    int
+        Iterations used, or -1 when ``max_iter`` was reached or no step could be made.
+    """
+    for it in range(max_iter):
+        i = -1
+        gmin = np.inf
+        gmax = -np.inf
+        for t in range(n):
+            g = grad[t]
+            if alpha[t] < C and g < gmin:
+                gmin = g
+                i = t
+            if alpha[t] > 0.0 and g > gmax:
+                gmax = g
+        if i < 0 or gmax - gmin <= tol:
+            return it
+        row = cols[cached_column(Xt, n, inv_sigma2, i, cols, slot_of, key_of, stamp, 2 * it)]
+        j = -1
+        best = -1.0
+        for t in range(n):
+            if alpha[t] > 0.0 and grad[t] > gmin:
+                b = grad[t] - gmin
+                eta = -2.0 * row[t]
+                if eta < 1e-300:
+                    eta = 1e-300
+                v = b * b / eta
+                if v > best:
+                    best = v
+                    j = t
+        eta = -2.0 * row[j]
+        step = min(C - alpha[i], alpha[j])
+        if eta > 0.0:
+            step = min(step, (grad[j] - grad[i]) / (2.0 * eta))
+        if step <= 0.0:
+            return -1
+        alpha[i] += step
+        alpha[j] -= step
+        if alpha[j] < C * 1e-15:
+            alpha[j] = 0.0
+        if alpha[i] > C * (1.0 - 1e-15):
+            alpha[i] = C
+        other = cols[cached_column(Xt, n, inv_sigma2, j, cols, slot_of, key_of, stamp,
+                                   2 * it + 1)]
+        two = 2.0 * step
+        for t in range(n):
+            grad[t] += two * (row[t] - other[t])
+    return -1
+
+
+#: Kernel sums of at least this many key pairs are split over threads (one per CPU, at most
+#: SUM_THREADS); below it a thread's start costs more than it saves.
+SUM_PARALLEL_PAIRS = 10_000_000
+SUM_THREADS = 4
+
+
+def kernel_sums(Xt, n, inv_sigma2, idx, coef):
+    """sum_q coef[q] K'(x_i, x_idx[q]) for every i < n, from the keys (:func:`weighted_sums`).
+
+    Large sums run in one thread per available CPU over disjoint ranges of i; each range is
+    computed exactly as a single thread would, so the result does not depend on the split.
+
+    Returns
+    -------
+    ndarray of shape (n,)
+    """
+    out = np.zeros(n)
+    if len(idx) == 0:
+        return out
+    keys = np.ascontiguousarray(Xt[:, idx])
+    coef = np.ascontiguousarray(coef, dtype=np.float64)
+    threads = min(SUM_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else (os.cpu_count() or 1))
+    if threads < 2 or n * len(idx) < SUM_PARALLEL_PAIRS:
+        weighted_sums(Xt, 0, n, inv_sigma2, keys, coef, out)
+        return out
+    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
+    with ThreadPoolExecutor(threads) as pool:
+        jobs = [pool.submit(weighted_sums, Xt, int(lo), int(hi), inv_sigma2, keys, coef, out)
+                for lo, hi in zip(bounds[:-1], bounds[1:])]
+        for job in jobs:
+            job.result()
+    return out
+
+
+def column_cache(n, n_columns):
+    """Empty cache arrays for :func:`smo_cached`: (cols, slot_of, key_of, stamp), with
+    between 2 and n columns."""
+    n_columns = max(2, min(n, int(n_columns)))
+    return (np.empty((n_columns, n)), np.full(n, -1, dtype=np.int64),
+            np.full(n_columns, -1, dtype=np.int64), np.full(n_columns, -1, dtype=np.int64))
+
+
+def guess_start(Xt, n, inv_sigma2, C, sample_size):
+    """A feasible start whose error set is guessed from an evenly spaced subsample.
+
+    The subsample (``sample_size`` keys) is solved by :func:`smo` at the same nu (box
+    ``C n / sample_size``); its decision function, evaluated at every key, ranks the keys,
+    and the floor(1/C) most outlying get C (the remainder of the unit mass goes to the next).
+    Only the ranking is used: the start is feasible whatever the subsample's quality.
+
+    Returns
+    -------
+    ndarray of shape (n,)
+    """
+    alpha = np.zeros(n)
+    if sample_size >= n or sample_size < 2:
+        return feasible_start(n, C)
+    idx = np.unique(np.linspace(0, n - 1, sample_size).round().astype(np.int64))
+    sub = np.ascontiguousarray(Xt[:, idx])
+    Kp = shifted_gram(sub, len(idx), inv_sigma2)
+    Cs = C * n / len(idx)
+    a_sub = feasible_start(len(idx), Cs)
+    g_sub = 2.0 * (Kp @ a_sub)
+    smo(Kp, Cs, SMO_TOL, 200 * len(idx) + 10_000, a_sub, g_sub)
+    support = idx[np.flatnonzero(a_sub)]
+    field = kernel_sums(Xt, n, inv_sigma2, support, a_sub[a_sub != 0.0])
+    order = np.argsort(field, kind="stable")  # most outlying (smallest f) first
+    full = min(n, int(np.floor(1.0 / C)))
+    alpha[order[:full]] = C
+    if full < n:
+        alpha[order[full]] = max(0.0, 1.0 - full * C)
     return alpha

@@ -146,16 +146,30 @@ def kernel_column(Xt, n, c, anchor, inv_sigma2, out):
 
 
 @njit
+def _symv(R, m1, v, out, scale):
+    """out[:m1] = scale * R[:m1, :m1] v for the symmetric bordered inverse R, as a sum of rows.
+
+    R's rows are contiguous, so the sum over j = 0..m1-1 accumulates every out[i] at once
+    (vectorised, one pass over R) instead of one dependent chain of additions per row; each
+    out[i] still adds its terms in increasing j. R is the inverse of a symmetric matrix, and
+    every product of the walk and of its probe uses it this way. ``out`` must not be ``v``.
+    """
+    for i in range(m1):
+        out[i] = 0.0
+    for j in range(m1):
+        vj = scale * v[j]
+        row = R[j]
+        for i in range(m1):
+            out[i] += row[i] * vj
+
+
+@njit
 def _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam):
     """beta = -R [1; 2 K_Sc] and gamma_i = 2 K_ic + 2 K_iS beta_S + beta_0 for all slots."""
     vbuf[0] = 1.0
     for p in range(m):
         vbuf[p + 1] = 2.0 * kc[S[p]]
-    for i in range(m + 1):
-        s = 0.0
-        for j in range(m + 1):
-            s += R[i, j] * vbuf[j]
-        beta[i] = -s
+    _symv(R, m + 1, vbuf, beta, -1.0)
     b0 = beta[0]
     for i in range(n):
         gam[i] = 2.0 * kc[i] + b0
@@ -172,11 +186,7 @@ def _schur(m, S, KSt, R, k, bk, vbuf):
     vbuf[0] = 1.0
     for p in range(m):
         vbuf[p + 1] = 2.0 * KSt[p, k]
-    for i in range(m + 1):
-        s = 0.0
-        for j in range(m + 1):
-            s += R[i, j] * vbuf[j]
-        bk[i] = -s
+    _symv(R, m + 1, vbuf, bk, -1.0)
     kappa = 0.0  # 2 K_kk with K_kk = k(x, x) - 1 = 0 (RBF and anchor alike)
     for i in range(m + 1):
         kappa += vbuf[i] * bk[i]
@@ -753,11 +763,7 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
             worst = max(worst, abs(r[p + 1]))
         if worst <= CORRECT_SKIP:
             return DONE
-        for i in range(m + 1):
-            acc = 0.0
-            for j in range(m + 1):
-                acc += R[i, j] * r[j]
-            du[i] = acc
+        _symv(R, m + 1, r, du, 1.0)
         # gradient rates of the non-margin points along the direction
         for i in range(n):
             gam[i] = du[0]
@@ -845,17 +851,20 @@ def inverse_probe_residual(R, m, S, KSt, w, z):
         return 0.0
     w[0] = m
     for p in range(m):
-        s = 1.0
-        for q in range(m):
-            s += 2.0 * (KSt[q, S[p]] + 1.0)
-        w[p + 1] = s
+        w[p + 1] = 1.0
+    # row by row (KSt[q] is contiguous; walking a column of KSt touches a new cache line at
+    # every entry): each w[p + 1] still sums over q in increasing order, the same bits
+    for q in range(m):
+        row = KSt[q]
+        for p in range(m):
+            w[p + 1] += 2.0 * (row[S[p]] + 1.0)
     worst = 0.0
     border = 0.0
     first = 0.0
+    prod = np.empty(m + 1)
+    _symv(R, m + 1, w, prod, 1.0)
     for i in range(m + 1):
-        s = 0.0
-        for j in range(m + 1):
-            s += R[i, j] * w[j]
+        s = prod[i]
         if i == 0:
             first = s
             continue
@@ -985,6 +994,29 @@ def decision(Qt, Xt, alpha, n, anchor, inv_sigma2, rho, out):
     held = alpha[anchor] if anchor >= 0 else 0.0
     for r in range(Qt.shape[1]):
         out[r] = 2.0 * (out[r] - held) + rho
+
+
+@njit
+def remove_and_settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                      blocked, fs, ist, c, max_events, max_repairs, probe_tol):
+    """A deletion in one crossing: :func:`walk` of slot c to 0, :func:`delete_slot`, then
+    :func:`settle` (polish allowed).
+
+    Returns
+    -------
+    (int, int)
+        ``(-2, code)`` when the walk stopped with ``code`` (nothing deleted: the caller resumes
+        the walk as usual), else ``(moved, code)`` with ``moved`` the result of
+        :func:`delete_slot` and ``code`` the settle's (DONE, NEED_POLISH, ...).
+    """
+    code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
+                fs, ist, c, REMOVE, False, max_events)
+    if code != DONE:
+        return -2, code
+    moved = delete_slot(c, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, ist)
+    code = settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                  blocked, fs, ist, max_events, max_repairs, True, probe_tol)
+    return moved, code
 
 
 @njit

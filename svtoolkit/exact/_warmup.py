@@ -56,7 +56,19 @@ def _warm_solver():
     solver.audit()
     # the bulk build (SMO + exact landing) of an extend into an empty solver
     IncrementalSVDD(C=0.05, sigma=1.0).extend(rng.standard_normal((64, 3)))
+    _warm_gram_free_bulk(rng)
     _warm_solver_rare_paths(solver)
+
+
+def _warm_gram_free_bulk(rng):
+    # the Gram-free bulk build's kernels (taken above BULK_MAX_KEYS keys), with its types
+    from . import _bulk as B
+
+    n, C = 40, 0.05
+    Xt = np.ascontiguousarray(rng.standard_normal((3, n + 1)))
+    alpha = B.guess_start(Xt, n, 1.0, C, 16)
+    grad = 2.0 * B.kernel_sums(Xt, n, 1.0, np.flatnonzero(alpha), alpha[alpha != 0.0])
+    B.smo_cached(Xt, n, 1.0, C, B.SMO_TOL, 100, alpha, grad, *B.column_cache(n, 2))
 
 
 def _warm_solver_rare_paths(solver):

@@ -36,11 +36,19 @@ BLAS_FRESH_MIN_DIM = 128
 #: far from the origin without centring: a translated problem, or huge finite keys) take the
 #: coordinate-wise loop, which is exact for any finite keys.
 BLAS_FRESH_MAX_SPREAD = 100.0
-#: ``extend`` of at least BULK_MIN_KEYS and at most BULK_MAX_KEYS keys into an empty solver takes
-#: the bulk path (SMO on the Gram matrix, then an exact landing; ``svtoolkit.exact._bulk``); the
-#: cap bounds its O(n^2) Gram matrix (128 MiB at 4096 keys). Other batches replay the walk.
+#: ``extend`` of at least BULK_MIN_KEYS keys into an empty solver takes the bulk path (SMO, then
+#: an exact landing; ``svtoolkit.exact._bulk``): on the shifted Gram matrix up to BULK_MAX_KEYS
+#: keys (128 MiB at 4096), Gram-free above. Other batches replay the walk.
 BULK_MIN_KEYS = 64
 BULK_MAX_KEYS = 4096
+#: The Gram-free SMO keeps at most this many bytes of kernel columns (an LRU cache; 335
+#: columns at n = 10^5) ...
+BULK_CACHE_BYTES = 256 * 2**20
+#: ... starts from the partition of an evenly spaced subsample of this many keys (at most
+#: n / 8: a subsample near n costs what the whole build costs) ...
+BULK_GUESS_KEYS = 4096
+#: ... and gives up (the walk replays the batch) after this many iterations per key.
+BULK_SMO_ITERATIONS = 50
 #: SMO coefficients within this fraction of C of a bound are read as at the bound.
 BULK_PARTITION_SNAP = 1e-9
 #: The bulk landing is accepted when its KKT residual (fresh) is at most this; otherwise the
@@ -375,16 +383,20 @@ class IncrementalSVDD:
             slot, self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos,
             self._S, self._KSt, self._blocked, self._ist,
         )
+        self._after_delete(slot, deleted_id, moved)
+
+    def _after_delete(self, slot, deleted_id, moved):
+        """The Python side of ``_walk.delete_slot``: id -> slot map and the id-order cache."""
         moved_id = int(self._ids[slot]) if moved >= 0 else -1
         if moved_id >= 0:
             self._slot_of[moved_id] = slot
         if self._order_cache is not None:
-            if deleted_id >= 0:
+            if deleted_id >= 0:  # close the gap in place (no new arrays per deletion)
                 pos = int(self._sorted_ids.searchsorted(deleted_id))
-                self._order_cache = np.concatenate(
-                    (self._order_cache[:pos], self._order_cache[pos + 1:]))
-                self._sorted_ids = np.concatenate(
-                    (self._sorted_ids[:pos], self._sorted_ids[pos + 1:]))
+                order, sorted_ids = self._order_cache, self._sorted_ids
+                order[pos:-1] = order[pos + 1:]
+                sorted_ids[pos:-1] = sorted_ids[pos + 1:]
+                self._order_cache, self._sorted_ids = order[:-1], sorted_ids[:-1]
             if moved_id >= 0:
                 self._order_cache[int(self._sorted_ids.searchsorted(moved_id))] = slot
 
@@ -498,21 +510,25 @@ class IncrementalSVDD:
     def _bulk_admit(self, X, ids):
         """Build from empty by SMO + exact landing; False (state empty again) if not taken.
 
-        The landing: the SMO partition (coefficients within BULK_PARTITION_SNAP C of a bound are
+        Up to BULK_MAX_KEYS keys the SMO runs on the shifted Gram matrix (:meth:`_land_bulk`);
+        above, it is Gram-free, with a kernel-column cache (:meth:`_land_bulk_cached`). The
+        landing: the SMO partition (coefficients within BULK_PARTITION_SNAP C of a bound are
         put at it), the bordered inverse grown over the margin keys from the most interior one
         on (a key dependent on the margin set - Schur complement below KAPPA_TOL - is put at
-        its nearer bound, as the walk would keep it), the gradients from the Gram matrix, and
-        then the walk's own rest state (``_walk.settle``: polish if needed, relaxation of sign
-        violators, correction walk), which ends on the exact optimum. Accepted only if the
-        fresh KKT residual is at most BULK_KKT_TOL.
+        its nearer bound, as the walk would keep it), the gradients, and then the walk's own
+        rest state (``_walk.settle``: polish if needed, relaxation of sign violators,
+        correction walk), which ends on the exact optimum. Accepted only if the KKT residual
+        from a fresh evaluation of the keys is at most BULK_KKT_TOL.
         """
         n = len(X)
-        if not (BULK_MIN_KEYS <= n <= BULK_MAX_KEYS) or not self._feasible(n) \
-                or self.max_events is not None:
+        if n < BULK_MIN_KEYS or not self._feasible(n) or self.max_events is not None:
             return False
         try:
-            self._land_bulk(X, ids)
-            accepted = self.kkt_residual() <= BULK_KKT_TOL
+            if n <= BULK_MAX_KEYS:
+                self._land_bulk(X, ids)
+                accepted = self.kkt_residual() <= BULK_KKT_TOL
+            else:
+                accepted = self._land_bulk_cached(X, ids) <= BULK_KKT_TOL
         except (SolverFailure, np.linalg.LinAlgError):  # a singular polish: the walk decides
             accepted = False
         if accepted:
@@ -522,16 +538,68 @@ class IncrementalSVDD:
         self._reset()
         return False
 
-    def _land_bulk(self, X, ids):
-        n, C = len(X), self._C
+    def _place_keys(self, X, ids):
+        n = len(X)
         self._ensure_slots(n + 1)
         self._Xt[:, :n] = X.T
         self._ids[:n] = ids
         self._ist[W._N] = n
+
+    def _land_bulk(self, X, ids):
+        """The bulk landing with the n x n shifted Gram matrix (O(n^2) memory)."""
+        n, C = len(X), self._C
+        self._place_keys(X, ids)
         Kp = B.shifted_gram(self._Xt, n, self._fs[2])
         a = B.feasible_start(n, C)
         grad = 2.0 * (Kp @ a)
         B.smo(Kp, C, B.SMO_TOL, 200 * n + 10_000, a, grad)
+        order = self._snap_partition(a)
+        factorised = self._margin_from_rows(Kp[order], order, a)
+        self._rest_from_field(a, 2.0 * (Kp @ a), ids, factorised)
+
+    def _land_bulk_cached(self, X, ids):
+        """The Gram-free bulk landing; returns the KKT residual of its certificate.
+
+        SMO (``_bulk.smo_cached``) from a start guessed on a subsample, its kernel columns in
+        an LRU cache of BULK_CACHE_BYTES. The gradients at the start, g0 = 2 K' a0, are
+        evaluated from the keys; the SMO maintains them; after the landing the certificate is
+        again an evaluation from the keys, g0 + 2 K' (a - a0) over the keys whose
+        coefficient moved (the same sums a full evaluation computes, grouped by linearity).
+        Memory O(n (d + cache columns + m)) with m the margin set.
+        """
+        n, C = len(X), self._C
+        self._place_keys(X, ids)
+        inv_s2 = self._fs[2]
+        a = B.guess_start(self._Xt, n, inv_s2, C, min(BULK_GUESS_KEYS, n // 8))
+        a0 = a.copy()
+        g0 = self._kernel_sums(a0)
+        grad = g0.copy()
+        cache = B.column_cache(n, BULK_CACHE_BYTES // (8 * n))
+        if B.smo_cached(self._Xt, n, inv_s2, C, B.SMO_TOL, BULK_SMO_ITERATIONS * n + 10_000,
+                        a, grad, *cache) < 0:
+            raise SolverFailure("the bulk SMO did not converge")
+        del cache
+        a_smo = a.copy()
+        order = self._snap_partition(a)
+        rows = np.empty((len(order), n))
+        for p, k in enumerate(order):
+            W.kernel_column(self._Xt, n, k, -1, inv_s2, rows[p])
+        factorised = self._margin_from_rows(rows, order, a)
+        del rows
+        grad += self._kernel_sums(a - a_smo)  # the snaps and the keys kept at a bound
+        self._rest_from_field(a, grad, ids, factorised)
+        fresh = g0 + self._kernel_sums(self._alpha[:n] - a0) + self._fs[0]
+        return self._kkt_from(fresh)
+
+    def _kernel_sums(self, coef):
+        """2 K' coef over the first n slots, from the keys, summing only coef's nonzeros."""
+        idx = np.flatnonzero(coef)
+        return 2.0 * B.kernel_sums(self._Xt, self._n, self._fs[2], idx, coef[idx])
+
+    def _snap_partition(self, a):
+        """Read the partition off SMO coefficients (in place); the margin keys, most interior
+        first."""
+        n, C = len(a), self._C
         snap = BULK_PARTITION_SNAP * C
         at_c, at_0 = a >= C - snap, a <= snap
         a[at_c], a[at_0] = C, 0.0
@@ -539,14 +607,22 @@ class IncrementalSVDD:
         inner = np.flatnonzero(~at_c & ~at_0)
         while self._S.shape[0] <= len(inner) + 1:
             self._grow_margin()
-        order = inner[np.argsort(-np.minimum(a[inner], C - a[inner]), kind="stable")]
-        m = self._factor_margin(Kp, order) if len(order) > 1 else 0
+        return inner[np.argsort(-np.minimum(a[inner], C - a[inner]), kind="stable")]
+
+    def _margin_from_rows(self, rows, order, a):
+        """Margin set from ``order`` (rows[p] = K'[order[p], :n]); True when factorised."""
+        m = self._factor_margin(rows, order) if len(order) > 1 else 0
         factorised = m > 0
         if not factorised:
-            m = self._grow_margin_from(Kp, order, a)
-        self._alpha[:n] = a
+            m = self._grow_margin_from(rows, order, a)
         self._ist[W._M] = m
-        field = 2.0 * (Kp @ a)
+        return factorised
+
+    def _rest_from_field(self, a, field, ids, factorised):
+        """Coefficients a, gradients field + rho' (field = 2 K' a), then the walk's rest."""
+        n = len(a)
+        self._alpha[:n] = a
+        m = self._m
         margin = self._S[:m]
         self._fs[0] = -float(field[margin].mean()) if m else -float(field.max())
         self._grad[:n] = field + self._fs[0]
@@ -557,10 +633,10 @@ class IncrementalSVDD:
         self._order_cache = None
         self._settle(polish_allowed=not factorised)
 
-    def _grow_margin_from(self, Kp, order, a):
+    def _grow_margin_from(self, rows, order, a):
         """Grow S over ``order`` key by key (rank-one updates); dependent keys go to a bound."""
-        n, C, m = Kp.shape[0], self._C, 0
-        for k in order:
+        n, C, m = rows.shape[1], self._C, 0
+        for p, k in enumerate(order):
             if m == 0:
                 W._grow(self._R, 0, self._bk, 0.0)
             else:
@@ -571,25 +647,25 @@ class IncrementalSVDD:
                     continue
                 W._grow(self._R, m, self._bk, kappa)
                 self._fs[3] = min(self._fs[3], kappa)
-            self._KSt[m, :n] = Kp[k]
+            self._KSt[m, :n] = rows[p]
             self._S[m] = k
             self._spos[k] = m
             self._status[k] = W.MARGIN
             m += 1
         return m
 
-    def _factor_margin(self, Kp, order):
+    def _factor_margin(self, rows, order):
         """Margin set = ``order`` by one factorisation, when no key in it is dependent.
 
-        Returns len(order), or 0 (nothing written) when some key's Schur complement against
-        the others, 1 / |R_kk|, is below KAPPA_TOL - the caller then grows S key by key. That
-        complement is the smallest any order of growth would see for k, so passing it means
-        the walk would have admitted every key.
+        ``rows[p]`` is K'[order[p], :n]. Returns len(order), or 0 (nothing written) when some
+        key's Schur complement against the others, 1 / |R_kk|, is below KAPPA_TOL - the
+        caller then grows S key by key. That complement is the smallest any order of growth
+        would see for k, so passing it means the walk would have admitted every key.
         """
         m = len(order)
         M = np.zeros((m + 1, m + 1))
         M[0, 1:] = M[1:, 0] = 1.0
-        M[1:, 1:] = 2.0 * Kp[np.ix_(order, order)]
+        M[1:, 1:] = 2.0 * rows[:, order]
         try:
             R = np.linalg.inv(M)
         except np.linalg.LinAlgError:
@@ -597,7 +673,7 @@ class IncrementalSVDD:
         if not np.isfinite(R).all() or np.min(1.0 / np.abs(np.diag(R)[1:])) < W.KAPPA_TOL:
             return 0
         self._R[: m + 1, : m + 1] = R
-        self._KSt[:m, : Kp.shape[0]] = Kp[order]
+        self._KSt[:m, : rows.shape[1]] = rows
         self._S[:m] = order
         self._ist[W._M] = m
         self._calibrate_probe()
@@ -622,6 +698,10 @@ class IncrementalSVDD:
 
         The batch is validated as a whole first; if an exact walk fails part-way, the
         solver is rebuilt from the keys it held before the batch and no row is admitted.
+        Into an empty solver, a batch of at least BULK_MIN_KEYS keys with n C >= 1 is solved
+        by the bulk path instead (SMO and an exact landing, Gram-free above BULK_MAX_KEYS
+        keys; docs/exact_solver.md), accepted only with a fresh KKT residual of at most
+        BULK_KKT_TOL, else replayed by the walk.
 
         Parameters
         ----------
@@ -666,13 +746,30 @@ class IncrementalSVDD:
                 and not self._feasible(len(self) - 1)
             ):
                 self._admit_anchor()
-            self._walk(slot, W.REMOVE)
-            del self._slot_of[int(id)]
-            self._delete(slot)
-            self._settle()
+            self._remove_slot(slot, int(id))
         except SolverFailure as exc:
             self._recover(exc)
         self._after_operation()
+
+    def _remove_slot(self, slot, key_id):
+        """Walk slot to 0, delete it and settle: one kernel call (``_walk.remove_and_settle``)
+        unless the walk needs more margin capacity or the settle a polish."""
+        moved, code = W.remove_and_settle(*self._arrays(), slot, self._event_limit(),
+                                          10 * self._n, self._probe_tol)
+        if moved == -2:  # the walk stopped: resume it the usual way
+            self._check(code)
+            self._walk(slot, W.REMOVE)
+            del self._slot_of[key_id]
+            self._delete(slot)
+            self._settle()
+            return
+        del self._slot_of[key_id]
+        self._after_delete(slot, key_id, moved)
+        if code == W.NEED_POLISH:
+            self._polish()
+            self._settle(polish_allowed=False)
+        elif code != W.DONE and self._check(code):
+            self._settle()
 
     def evict_reserve(self):
         """Remove every reserve key (coefficient exactly 0): the certified eviction.
@@ -1021,7 +1118,8 @@ class IncrementalSVDD:
     def _fresh_gradients(self):
         """g_i = 2 sum_j a_j K'_ij + rho' (= 2 sum_j a_j k(x_i, x_j) - 1 + rho) for every slot.
 
-        Small problems use the coordinate-wise Numba loop. Large ones with wide keys
+        Small problems use the coordinate-wise Numba loop (above ``_bulk.SUM_PARALLEL_PAIRS``
+        key pairs split over threads, with the same bits). Large ones with wide keys
         (n |support| d above ``BLAS_FRESH_WORK``, d >= ``BLAS_FRESH_MIN_DIM``) take the squared
         distances from one matrix product per block of rows, |x|^2 + |y|^2 - 2 x.y on keys
         centred on the support's mean (measured 2.3x faster at n = 10^4, d = 384). The
@@ -1035,8 +1133,14 @@ class IncrementalSVDD:
         out = np.empty(n)
         if (self._d or 1) < BLAS_FRESH_MIN_DIM or n * len(support) * self._d < BLAS_FRESH_WORK \
                 or not self._blas_distances_accurate(support):
-            W.fresh_gradients(self._Xt, self._alpha, n, anchor, self._fs[2], self._fs[0], out)
-            return out
+            if n * len(support) < B.SUM_PARALLEL_PAIRS:
+                W.fresh_gradients(self._Xt, self._alpha, n, anchor, self._fs[2], self._fs[0],
+                                  out)
+                return out
+            # the same sums in the same order, over disjoint ranges of keys in threads
+            out = B.kernel_sums(self._Xt, n, self._fs[2], support, self._alpha[support])
+            W.anchor_terms(self._alpha, n, anchor, out)
+            return 2.0 * out + self._fs[0]
         X = self._Xt[:, :n].T
         centre = X[support].mean(axis=0)
         S = X[support] - centre
