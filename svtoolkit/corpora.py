@@ -11,8 +11,14 @@ Two real corpora, read as raw bytes (vocabulary 256, no tokenizer; Forgetful Att
   PSF licence). Zero install: the fallback for CI tests. It depends on the Python version, so
   record :func:`corpus_digest` next to any result.
 
+Any other byte corpus a user has (enwik8, TinyStories, OpenWebText, ...) is read from a local
+file with :func:`read_corpus_file` / :func:`corpus_file_splits` (the experiment scripts'
+``--corpus-file PATH``): raw bytes, no tokenizer, no download.
+
 Splits are enwik8-style: one contiguous train / validation / test cut of the byte stream (the
-last ``val + test`` fraction held out), as ``uint8`` arrays. Numpy only (no torch).
+last ``val + test`` fraction held out), as ``uint8`` arrays. A file recognised as enwik8 (see
+:func:`is_enwik8`) gets the standard split of the literature instead: the first 90,000,000 bytes
+train, the next 5,000,000 validation, the last 5,000,000 test. Numpy only (no torch).
 
 Examples
 --------
@@ -45,6 +51,12 @@ __all__ = [
     "stdlib_source_bytes",
     "ByteSplits",
     "byte_splits",
+    "ENWIK8_BYTES",
+    "ENWIK8_SPLIT",
+    "is_enwik8",
+    "read_corpus_file",
+    "enwik8_splits",
+    "corpus_file_splits",
     "BatchSampler",
     "eval_batches",
 ]
@@ -195,21 +207,182 @@ def byte_splits(data, *, val=0.05, test=0.05):
             raise ValueError(f"{label} must be a fraction in (0, 1); got {frac!r}")
     if val + test >= 1:
         raise ValueError(f"val + test must be < 1; got {val + test}")
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        arr = np.frombuffer(bytes(data), dtype=np.uint8)
-    else:
-        arr = np.asarray(data)
-        if arr.dtype != np.uint8 or arr.ndim != 1:
-            raise TypeError(f"data must be bytes or a 1-d uint8 array; got {arr.dtype} "
-                            f"of shape {arr.shape}")
-        arr = arr.copy()
-        arr.flags.writeable = False
+    arr = _as_byte_array(data)
     n = arr.size
     n_test, n_val = int(n * test), int(n * val)
     n_train = n - n_val - n_test
     if min(n_train, n_val, n_test) < 2:
         raise ValueError(f"{n} bytes are too few to split into train/val/test")
     return ByteSplits(arr[:n_train], arr[n_train:n_train + n_val], arr[n_train + n_val:])
+
+
+def _as_byte_array(data):
+    """A read-only 1-d ``uint8`` array of one copy of ``data`` (bytes or a uint8 array)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(data), dtype=np.uint8)
+    arr = np.asarray(data)
+    if arr.dtype != np.uint8 or arr.ndim != 1:
+        raise TypeError(f"data must be bytes or a 1-d uint8 array; got {arr.dtype} "
+                        f"of shape {arr.shape}")
+    arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
+# ------------------------------------------------------------------------------ local files
+#: Size of enwik8 in bytes: the first 10**8 bytes of the English Wikipedia XML dump of
+#: 3 March 2006 (the Hutter Prize test file), as distributed in ``enwik8.zip``.
+ENWIK8_BYTES = 100_000_000
+#: The standard enwik8 split (train, validation, test) in bytes, consecutive.
+ENWIK8_SPLIT = (90_000_000, 5_000_000, 5_000_000)
+
+
+def _file_name(path):
+    """The name of the corpus inside ``path``: the zip's single member for a ``.zip``."""
+    path = Path(path)
+    if path.suffix.lower() != ".zip":
+        return path.name
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return _single_member(archive, path).filename
+
+
+def _single_member(archive, path):
+    members = [m for m in archive.infolist() if not m.is_dir()]
+    if len(members) != 1:
+        raise ValueError(f"path {str(path)!r}: a corpus zip must hold exactly one file; got "
+                         f"{[m.filename for m in members]}")
+    return members[0]
+
+
+def _check_corpus_path(path):
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be a str or Path; got {type(path).__name__}")
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path: no corpus file at {str(path)!r}")
+    if not path.is_file():
+        raise ValueError(f"path {str(path)!r} is not a regular file")
+    return path
+
+
+def is_enwik8(path):
+    """Whether a local corpus file is enwik8 (and so gets the standard 90M/5M/5M split).
+
+    The rule, by name: the file's name - or, for a ``.zip``, the name of its single member -
+    up to the first dot is ``enwik8`` (case-insensitive): ``enwik8``, ``ENWIK8.txt`` and
+    ``enwik8.zip`` holding ``enwik8`` all are. A file named so must then be exactly
+    :data:`ENWIK8_BYTES` long (:func:`read_corpus_file` refuses a truncated one); a file of
+    that size under another name is read as a generic corpus, whose default 5 % / 5 %
+    fractional split happens to give the same cut.
+
+    Parameters
+    ----------
+    path : str or Path
+        An existing file.
+
+    Returns
+    -------
+    bool
+    """
+    path = _check_corpus_path(path)
+    return Path(_file_name(path)).name.split(".")[0].lower() == "enwik8"
+
+
+def read_corpus_file(path, *, max_bytes=None):
+    """The raw bytes of a local corpus file (a plain file, or a ``.zip`` of one file).
+
+    Parameters
+    ----------
+    path : str or Path
+    max_bytes : int, optional
+        Keep only the first ``max_bytes`` bytes (only this much is read).
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    FileNotFoundError
+        No file at ``path``.
+    ValueError
+        Not a regular file, an empty file, a zip of more or fewer than one file, or a file
+        named as enwik8 (:func:`is_enwik8`) whose size is not :data:`ENWIK8_BYTES`.
+    """
+    path = _check_corpus_path(path)
+    if max_bytes is not None:
+        _check_positive_int("max_bytes", max_bytes)
+    if path.suffix.lower() != ".zip":
+        _check_size(path, path.stat().st_size)
+        with open(path, "rb") as fh:
+            return fh.read(max_bytes) if max_bytes is not None else fh.read()
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        member = _single_member(archive, path)
+        _check_size(path, member.file_size)
+        with archive.open(member) as fh:
+            return fh.read(max_bytes) if max_bytes is not None else fh.read()
+
+
+def _check_size(path, size):
+    if size == 0:
+        raise ValueError(f"path {str(path)!r} is empty")
+    if is_enwik8(path) and size != ENWIK8_BYTES:
+        raise ValueError(f"path {str(path)!r} is named as enwik8 but holds {size:,} bytes, not "
+                         f"{ENWIK8_BYTES:,}; rename it to read it as a generic corpus")
+
+
+def enwik8_splits(data, *, max_train_bytes=None):
+    """The standard enwik8 split: bytes [0, 90M) train, [90M, 95M) validation, [95M, 100M) test.
+
+    Parameters
+    ----------
+    data : bytes or array_like of uint8 of shape (100_000_000,)
+        The whole of enwik8.
+    max_train_bytes : int, optional
+        Keep only the first ``max_train_bytes`` bytes of the training cut (a cheaper run);
+        validation and test stay the standard ones.
+
+    Returns
+    -------
+    ByteSplits
+    """
+    arr = _as_byte_array(data)
+    if arr.size != ENWIK8_BYTES:
+        raise ValueError(f"data must be the whole of enwik8 ({ENWIK8_BYTES:,} bytes); got "
+                         f"{arr.size:,}")
+    n_train, n_val, _ = ENWIK8_SPLIT
+    train_end = n_train
+    if max_train_bytes is not None:
+        train_end = min(n_train, _check_positive_int("max_train_bytes", max_train_bytes))
+    return ByteSplits(arr[:train_end], arr[n_train:n_train + n_val], arr[n_train + n_val:])
+
+
+def corpus_file_splits(path, *, max_bytes=None, val=0.05, test=0.05):
+    """Train / validation / test splits of a local corpus file.
+
+    enwik8 (:func:`is_enwik8`) gets :func:`enwik8_splits` - there ``max_bytes`` caps the
+    training cut only, so that results stay comparable on the standard validation and test
+    bytes; any other file is cut by :func:`byte_splits` after keeping its first
+    ``max_bytes`` bytes.
+
+    Parameters
+    ----------
+    path : str or Path
+    max_bytes : int, optional
+    val, test : float
+        Fractions of a generic file (ignored for enwik8).
+
+    Returns
+    -------
+    ByteSplits
+    """
+    if is_enwik8(path):
+        return enwik8_splits(read_corpus_file(path), max_train_bytes=max_bytes)
+    return byte_splits(read_corpus_file(path, max_bytes=max_bytes), val=val, test=test)
 
 
 # ------------------------------------------------------------------------------ batches
