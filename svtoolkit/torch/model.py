@@ -2,18 +2,33 @@
 
 The backbone of the language-model probe of Forgetful Attention (arXiv:2607.12204, §8,
 App. C): token and learned positional embeddings, pre-norm blocks ``x + attn(LN(x))`` and
-``x + MLP(LN(x))`` (GELU, width ``mlp_ratio * d_model``), a final LayerNorm and a weight-tied output head. Only the
-attention changes between variants; it is looked up by name in
+``x + MLP(LN(x))`` (GELU, width ``mlp_ratio * d_model``), a final LayerNorm and a weight-tied
+output head. Only the attention changes between variants; it is looked up by name in
 :data:`svtoolkit.torch.layers.ATTENTION_LAYERS`, so every layer of the toolkit (the SV layers
 included) drops into the same backbone.
 
 The 3.22M configuration of the paper is the default: ``TinyLM()`` = 4 layers, d_model 256,
 4 heads, block 256, vocabulary 256 (bytes).
+
+Positions are learned absolute embeddings by default (the paper's backbone). Two explicit
+options serve the long-context evaluation of Tensor Cache (§4.4), where a model trained on
+``block`` tokens is streamed over far longer sequences: ``positions="rotary"`` rotates q and k
+inside every attention layer (RoPE, :mod:`svtoolkit.torch.rotary`), with NTK-aware base
+scaling beyond the trained block when ``ntk=True`` (the paper's Full-KV baseline), and
+``positions="none"`` gives no positional encoding at all (the causal mask is the only order
+signal; for layers that have no rotary option, such as the SV layers).
+
+Streaming (inference): :meth:`TinyLM.init_state`, :meth:`TinyLM.forward_with_state` over a
+chunk and :meth:`TinyLM.step` over one token go through each attention layer's own streaming
+API (KV caches, ring buffers, memories, the SV layers' exact stream), and
+:meth:`TinyLM.generate` samples through those caches. Streaming reproduces the full forward
+(``forward(idx, exact=True)`` for the SV layers, whose streaming is the exact gate).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +36,12 @@ from torch import nn
 
 from .layers import ATTENTION_LAYERS
 from .ops._common import check_positive_int
+from .rotary import DEFAULT_BASE
 
-__all__ = ["TinyLM"]
+__all__ = ["POSITIONS", "TinyLM", "TinyLMState"]
+
+#: Positional encodings of :class:`TinyLM`.
+POSITIONS = ("learned", "rotary", "none")
 
 
 def _dropout(p):
@@ -52,9 +71,72 @@ class _Block(nn.Module):
         self.mlp = _MLP(d_model, mlp_ratio * d_model, dropout)
         self.dropout = _dropout(dropout)
 
-    def forward(self, x):
-        x = x + self.dropout(self.attn(self.ln_1(x)))
+    def forward(self, x, attn_options):
+        x = x + self.dropout(self.attn(self.ln_1(x), **attn_options))
         return x + self.mlp(self.ln_2(x))
+
+    def forward_with_state(self, x, state, attn_options):
+        h, state = self.attn.forward_with_state(self.ln_1(x), state, **attn_options)
+        x = x + self.dropout(h)
+        return x + self.mlp(self.ln_2(x)), state
+
+    def step(self, x, state, attn_options):
+        h, state = self.attn.step(self.ln_1(x), state, **attn_options)
+        x = x + self.dropout(h)
+        return x + self.mlp(self.ln_2(x)), state
+
+
+@dataclass
+class TinyLMState:
+    """Streaming state of a :class:`TinyLM` (updated in place by the streaming calls).
+
+    Attributes
+    ----------
+    layers : list
+        One attention state per block (None before the first token): the layer's own
+        carried state (a ``KVCache``, ``TensorCacheState``, ``InfiniState``,
+        ``SVStreamState``, ...).
+    position : int
+        Tokens processed so far (the position of the next one).
+    batch : int
+        Number of sequences B.
+    ntk_factor : float
+        NTK-aware scaling factor of the rotary base used by every call on this state (1: none).
+    """
+
+    layers: list
+    position: int
+    batch: int
+    ntk_factor: float = 1.0
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors the attention states retain for future tokens.
+
+        KV caches, ring buffers and memories count their tensors (each state's ``nbytes``);
+        an SV stream counts the keys and values it still stores (the admitted prefix and the
+        current chunk), not its solvers' bookkeeping.
+        """
+        return sum(_state_nbytes(s) for s in self.layers)
+
+
+def _tensor_bytes(x) -> int:
+    return x.numel() * x.element_size()
+
+
+def _state_nbytes(state) -> int:
+    """Retained bytes of one layer's streaming state."""
+    if state is None:
+        return 0
+    if isinstance(state, torch.Tensor):
+        return _tensor_bytes(state)
+    if isinstance(state, (tuple, list)):
+        return sum(_state_nbytes(s) for s in state)
+    if callable(getattr(state, "nbytes", None)):
+        return int(state.nbytes())
+    keys, values = getattr(state, "keys", None), getattr(state, "values", None)
+    if isinstance(keys, list) and isinstance(values, list):  # SV stream: per-sequence dicts
+        return sum(_tensor_bytes(t) for per_seq in (*keys, *values) for t in per_seq.values())
+    raise TypeError(f"cannot measure the size of a {type(state).__name__} state")
 
 
 class TinyLM(nn.Module):
@@ -83,6 +165,19 @@ class TinyLM(nn.Module):
         Width of the MLP hidden layer in units of ``d_model``.
     dropout : float, default 0.0
         Dropout after the embeddings, the attention output and the MLP output.
+    positions : {"learned", "rotary", "none"}, default "learned"
+        "learned": absolute embeddings for positions ``[0, block)`` (sequences are limited to
+        ``block``); "rotary": RoPE on q and k inside the attention layers (layers whose class
+        sets ``supports_rotary``: the softmax family, Infini-attention, Tensor Cache);
+        "none": no positional encoding. With "rotary" and "none" sequences may be longer than
+        ``block``.
+    rope_base : float, default 10000
+        RoPE base (``positions="rotary"``).
+    ntk : bool, default False
+        NTK-aware base scaling (``positions="rotary"``): a forward over T > block tokens, or a
+        stream opened with ``init_state(max_length=L)``, L > block, uses the base
+        ``rope_base * (L / block) ** (D / (D - 2))`` (:func:`svtoolkit.torch.rotary.ntk_base`).
+        The Full-KV baseline of Tensor Cache (§4.1); bounded windows do not need it.
 
     Notes
     -----
@@ -105,8 +200,15 @@ class TinyLM(nn.Module):
     """
 
     def __init__(self, vocab=256, d_model=256, n_layers=4, n_heads=4, block=256, *,
-                 attn="softmax", attn_options=None, mlp_ratio=4, dropout=0.0):
+                 attn="softmax", attn_options=None, mlp_ratio=4, dropout=0.0,
+                 positions="learned", rope_base=DEFAULT_BASE, ntk=False):
         super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}; got {positions!r}")
+        if not isinstance(ntk, bool):
+            raise TypeError(f"ntk must be a bool; got {type(ntk).__name__}")
+        if ntk and positions != "rotary":
+            raise ValueError("ntk=True needs positions='rotary'")
         for name, value in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers),
                             ("n_heads", n_heads), ("block", block), ("mlp_ratio", mlp_ratio)):
             check_positive_int(name, value)
@@ -121,16 +223,24 @@ class TinyLM(nn.Module):
         self.config = dict(vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                            block=block, attn=attn, attn_options=dict(attn_options or {}),
                            mlp_ratio=mlp_ratio, dropout=float(dropout))
-        self.vocab, self.block = vocab, block
+        if positions != "learned":  # the default config (and old checkpoints) stay as they were
+            self.config.update(positions=positions, rope_base=float(rope_base), ntk=ntk)
+        self.vocab, self.block, self.positions, self.ntk = vocab, block, positions, ntk
         layer_cls = ATTENTION_LAYERS[attn]
         self.tok_emb = nn.Embedding(vocab, d_model)
-        self.pos_emb = nn.Embedding(block, d_model)
+        self.pos_emb = nn.Embedding(block, d_model) if positions == "learned" else None
         self.dropout = _dropout(dropout)
         self.blocks = nn.ModuleList(
             _Block(d_model, layer_cls(d_model, n_heads, **self.config["attn_options"]),
                    mlp_ratio, dropout)
             for _ in range(n_layers)
         )
+        if positions == "rotary":
+            if not getattr(layer_cls, "supports_rotary", False):
+                raise ValueError(f"attention {attn!r} has no rotary option; use positions="
+                                 "'learned' or 'none'")
+            for block_ in self.blocks:
+                block_.attn.enable_rotary(rope_base)
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying
@@ -138,22 +248,26 @@ class TinyLM(nn.Module):
 
     def _init_backbone(self, n_layers):
         nn.init.normal_(self.tok_emb.weight, std=0.02)
-        nn.init.normal_(self.pos_emb.weight, std=0.02)
+        if self.pos_emb is not None:
+            nn.init.normal_(self.pos_emb.weight, std=0.02)
         for block in self.blocks:
             for linear, std in ((block.mlp.fc, 0.02),
                                 (block.mlp.proj, 0.02 / math.sqrt(2 * n_layers))):
                 nn.init.normal_(linear.weight, std=std)
                 nn.init.zeros_(linear.bias)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, *, exact=False):
         """Logits of the next token at every position, and the mean cross-entropy.
 
         Parameters
         ----------
         idx : LongTensor of shape (B, T)
-            Token ids in ``[0, vocab)``, ``T <= block``.
+            Token ids in ``[0, vocab)``; ``T <= block`` with learned positions.
         targets : LongTensor of shape (B, T), optional
             Next-token ids; positions with ``-1`` are ignored.
+        exact : bool, default False
+            Layers that have an exact-gate path (the SV layers' ``forward_exact``) use it: the
+            forward that streaming reproduces. Other layers are unchanged.
 
         Returns
         -------
@@ -167,12 +281,16 @@ class TinyLM(nn.Module):
                     if isinstance(idx, torch.Tensor) else type(idx).__name__)
             raise ValueError(f"idx must be an int64 tensor of shape (B, T); got {desc}")
         B, T = idx.shape
-        if T > self.block:
+        if T > self.block and self.positions == "learned":
             raise ValueError(f"sequence length {T} exceeds the model's block size {self.block}")
-        positions = torch.arange(T, device=idx.device)
-        x = self.dropout(self.tok_emb(idx) + self.pos_emb(positions))
+        x = self.dropout(self._embed(idx, 0))
+        options = self._attn_options(self._ntk_factor(T))
         for block in self.blocks:
-            x = block(x)
+            if exact and hasattr(block.attn, "forward_exact"):
+                x = x + block.dropout(block.attn.forward_exact(block.ln_1(x)))
+                x = x + block.mlp(block.ln_2(x))
+            else:
+                x = block(x, options)
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits, None
@@ -185,4 +303,189 @@ class TinyLM(nn.Module):
         """Number of parameters (the tied head counted once; without the positional table
         when ``positions=False``)."""
         total = sum(p.numel() for p in self.parameters())
-        return total if positions else total - self.pos_emb.weight.numel()
+        if positions or self.pos_emb is None:
+            return total
+        return total - self.pos_emb.weight.numel()
+
+    # ------------------------------------------------------------------ helpers
+    def _embed(self, idx, start):
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(start, start + idx.shape[1], device=idx.device))
+        return x
+
+    def _ntk_factor(self, length):
+        return max(1.0, length / self.block) if self.ntk else 1.0
+
+    @staticmethod
+    def _attn_options(ntk_factor):
+        # only rotary layers take the keyword; the SV layers' streaming calls do not
+        return {} if ntk_factor == 1.0 else {"ntk_factor": ntk_factor}
+
+    @staticmethod
+    def _check_idx(idx, ndim):
+        shape = "(B,)" if ndim == 1 else "(B, T)"
+        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.ndim != ndim:
+            desc = (f"{idx.dtype} tensor of shape {tuple(idx.shape)}"
+                    if isinstance(idx, torch.Tensor) else type(idx).__name__)
+            raise ValueError(f"idx must be an int64 tensor of shape {shape}; got {desc}")
+        if 0 in idx.shape:
+            raise ValueError(f"idx is empty (shape {tuple(idx.shape)}); pass at least one token")
+
+    def _check_stream(self, idx, state, ndim):
+        self._check_idx(idx, ndim)
+        if state is None:
+            state = self.init_state(idx.shape[0])
+        if not isinstance(state, TinyLMState) or len(state.layers) != len(self.blocks):
+            raise TypeError("state must be a TinyLMState of this model (from init_state)")
+        if state.batch != idx.shape[0]:
+            raise ValueError(f"state holds {state.batch} sequences; idx has {idx.shape[0]}")
+        length = 1 if ndim == 1 else idx.shape[1]
+        if self.positions == "learned" and state.position + length > self.block:
+            raise ValueError(f"learned positions end at the block size {self.block}; the "
+                             f"stream would reach {state.position + length}")
+        return state
+
+    # ------------------------------------------------------------------ streaming
+    def init_state(self, batch, *, max_length=None):
+        """An empty streaming state for ``batch`` sequences.
+
+        Parameters
+        ----------
+        batch : int
+        max_length : int, optional
+            Length the stream will reach. With ``ntk=True`` and ``max_length > block`` the
+            stream uses NTK-aware scaling by ``max_length / block`` from its first token on
+            (the same factor as ``forward`` over ``max_length`` tokens). With learned positions
+            it may not exceed ``block``.
+
+        Returns
+        -------
+        TinyLMState
+        """
+        check_positive_int("batch", batch)
+        factor = 1.0
+        if max_length is not None:
+            check_positive_int("max_length", max_length)
+            if self.positions == "learned" and max_length > self.block:
+                raise ValueError(f"max_length {max_length} exceeds the block size {self.block} "
+                                 "of learned positions")
+            factor = self._ntk_factor(max_length)
+        return TinyLMState(layers=[None] * len(self.blocks), position=0, batch=batch,
+                           ntk_factor=factor)
+
+    @torch.no_grad()
+    def forward_with_state(self, idx, state=None):
+        """Continue the sequences of ``state`` with a chunk of tokens (inference, no autograd).
+
+        Parameters
+        ----------
+        idx : LongTensor of shape (B, T)
+        state : TinyLMState, optional
+            From :meth:`init_state` (a fresh one when None). Updated in place.
+
+        Returns
+        -------
+        logits : Tensor of shape (B, T, vocab)
+            Equal to the rows of ``forward`` over the whole sequence so far (to rounding).
+        state : TinyLMState
+        """
+        state = self._check_stream(idx, state, 2)
+        x = self._embed(idx, state.position)
+        options = self._attn_options(state.ntk_factor)
+        for i, block in enumerate(self.blocks):
+            x, state.layers[i] = block.forward_with_state(x, state.layers[i], options)
+        state.position += idx.shape[1]
+        return self.head(self.ln_f(x)), state
+
+    @torch.no_grad()
+    def step(self, idx_t, state=None):
+        """One token per sequence through every layer's ``step`` (inference, no autograd).
+
+        Parameters
+        ----------
+        idx_t : LongTensor of shape (B,)
+        state : TinyLMState, optional
+            Updated in place.
+
+        Returns
+        -------
+        logits : Tensor of shape (B, vocab)
+        state : TinyLMState
+        """
+        state = self._check_stream(idx_t, state, 1)
+        x = self._embed(idx_t[:, None], state.position)[:, 0]
+        options = self._attn_options(state.ntk_factor)
+        for i, block in enumerate(self.blocks):
+            x, state.layers[i] = block.step(x, state.layers[i], options)
+        state.position += 1
+        return self.head(self.ln_f(x)), state
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, *, temperature=1.0, top_k=None, generator=None):
+        """Sample a continuation of ``idx`` through the streaming caches.
+
+        The prompt is prefilled with :meth:`forward_with_state`, then every new token is drawn
+        from the last logits and fed back with :meth:`step`. The model is in eval mode
+        meanwhile (dropout off) and its mode is restored afterwards.
+
+        Parameters
+        ----------
+        idx : LongTensor of shape (B, T0)
+            Prompt, T0 >= 1.
+        max_new_tokens : int
+            Tokens to append (>= 0).
+        temperature : float, default 1.0
+            Logits are divided by it; 0 means greedy (arg-max) decoding.
+        top_k : int, optional
+            Keep only the k largest logits before sampling (1: greedy).
+        generator : torch.Generator, optional
+            Source of randomness (a fixed seed makes the output deterministic).
+
+        Returns
+        -------
+        LongTensor of shape (B, T0 + max_new_tokens)
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+                max_new_tokens < 0):
+            raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+                0.0 <= temperature < math.inf):
+            raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or not 1 <= top_k <= self.vocab):
+            raise ValueError(f"top_k must be an int in [1, vocab={self.vocab}]; got {top_k!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator; got "
+                            f"{type(generator).__name__}")
+        self._check_idx(idx, 2)
+        total = idx.shape[1] + max_new_tokens
+        if self.positions == "learned" and total > self.block:
+            raise ValueError(f"prompt + max_new_tokens = {total} exceeds the block size "
+                             f"{self.block} of learned positions")
+        was_training = self.training
+        self.eval()
+        try:
+            state = self.init_state(idx.shape[0], max_length=total)
+            logits, state = self.forward_with_state(idx, state)
+            last, out = logits[:, -1], [idx]
+            for i in range(max_new_tokens):
+                token = _sample(last, temperature, top_k, generator)
+                out.append(token[:, None])
+                if i + 1 < max_new_tokens:
+                    last, state = self.step(token, state)
+        finally:
+            self.train(was_training)
+        return torch.cat(out, dim=1)
+
+
+def _sample(logits, temperature, top_k, generator):
+    """Next tokens (B,) from logits (B, V): arg-max for temperature 0 or top_k 1."""
+    if temperature == 0 or top_k == 1:
+        return logits.argmax(dim=-1)
+    logits = logits.double() / temperature
+    if top_k is not None:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -32,8 +32,11 @@ class InfiniAttention(HeadsAttention):
     ``o_t = sigmoid(beta) A_mem + (1 - sigmoid(beta)) A_dot`` per head, with
     ``A_mem = sigma(q_t)^T M_{s-1} / (sigma(q_t) . z_{s-1})`` (sigma = ELU + 1) read from the
     segments before t's own, and the memory updated once a segment is complete. Equations in
-    :mod:`svtoolkit.torch.ops.infini_attention`.
+    :mod:`svtoolkit.torch.ops.infini_attention`. With ``enable_rotary`` both paths see the
+    rotated q and k (see :class:`HeadsAttention`).
     """
+
+    supports_rotary = True
 
     def __init__(
         self,

@@ -21,13 +21,16 @@ class SoftmaxAttention(HeadsAttention):
 
     Notes
     -----
-    ``o_t = sum_{j <= t} softmax_j(q_t . k_j / sqrt(D)) v_j``. No positional encoding: the
-    backbone supplies positions (learned absolute embeddings in TinyLM). The streaming state is
-    the full KV cache (it grows with the sequence).
+    ``o_t = sum_{j <= t} softmax_j(q_t . k_j / sqrt(D)) v_j``. No positional encoding by
+    default: the backbone supplies positions (learned absolute embeddings in TinyLM);
+    ``enable_rotary`` rotates q and k instead (RoPE, with NTK-aware scaling through
+    ``ntk_factor``; see :class:`HeadsAttention`). The streaming state is the full KV cache (it
+    grows with the sequence); with rotary it holds the rotated keys.
     """
 
     window: int | None = None
     sinks: int = 0
+    supports_rotary = True
 
     def __init__(self, d_model: int, n_heads: int, *, block_size: int = 256, **options):
         super().__init__(d_model, n_heads, **options)
@@ -76,8 +79,10 @@ class StreamingLLMAttention(SoftmaxAttention):
 
     Notes
     -----
-    Trained and evaluated with the same mask, so training and streaming agree exactly. There
-    is no RoPE here, hence no position shift to apply (see :mod:`svtoolkit.torch.ops.attention`).
+    Trained and evaluated with the same mask, so training and streaming agree exactly. With
+    ``enable_rotary`` the keys are rotated by their original positions and kept so in the
+    cache (no StreamingLLM position shift): the window keys sit at offsets the model was
+    trained on, the sinks at ever larger ones.
     Streaming state: the sinks plus the last W-1 tokens, constant size.
     """
 

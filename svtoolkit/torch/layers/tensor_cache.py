@@ -93,7 +93,12 @@ class TensorCache(HeadsAttention):
     dtype. Training (``forward``) and streaming (``step``) give the same outputs with the
     default switches; the training-only switches (``train_writes``, ``write_mode``,
     ``delta_residual``) make ``forward`` in training mode differ from inference on purpose.
+    With ``enable_rotary`` q and k are rotated before both paths, so the ring buffer holds
+    rotated keys and an evicted key enters the memory as it was cached (see
+    :class:`HeadsAttention`).
     """
+
+    supports_rotary = True
 
     def __init__(
         self,
@@ -236,9 +241,10 @@ class TensorCache(HeadsAttention):
             gated.to(dtype).flatten(-2)
         )
 
-    def _run(self, x, state, want_state):
+    def _run(self, x, state, want_state, ntk_factor=1.0):
         self._check_input(x)
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self._rotate(q, k, state, ntk_factor)
         # the training-time approximations apply to the training forward only
         training = self.training and not want_state
         local, read, state = tensor_cache_paths(
@@ -256,7 +262,8 @@ class TensorCache(HeadsAttention):
         )
         return self._output(x.dtype, local, read), state
 
-    def step(self, x_t: torch.Tensor, state: TensorCacheState | None = None):
+    def step(self, x_t: torch.Tensor, state: TensorCacheState | None = None, *,
+             ntk_factor: float = 1.0):
         """One token through the ring buffer: x_t (B, d_model) -> (y_t (B, d_model), state).
 
         ``state`` is updated in place (inference API; run under ``torch.no_grad()``).
@@ -267,6 +274,7 @@ class TensorCache(HeadsAttention):
         if state is None:
             state = self.init_state(x_t.shape[0], device=x_t.device)
         q, k, v = (self._heads(proj(x_t)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = (y[:, 0] for y in self._rotate(q[:, None], k[:, None], state, ntk_factor))
         local, read, state = tensor_cache_step_paths(q, k, v, state, **self._memory_options())
         return self._output(x_t.dtype, local, read), state
 
