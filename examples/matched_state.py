@@ -15,7 +15,10 @@ Protocol, per seed s (App. C, "Matched-state protocol"):
    ``W_s = round(state_s) + chunk`` (the long-range state plus the local window), with the
    identical backbone, optimiser, schedule, data order (seed s) and token budget.
 
-DeltaNet, linear attention and full softmax run once (the first seed) as references. Every
+DeltaNet, linear attention and full softmax run once (the first seed) as references.
+A control not in the paper follows: the matched sliding window (every seed) and full softmax
+(first seed) with the SV layers' q/k RMS normalisation (``qk_norm=True``), so that what the
+hybrid gains over them is the gate's and not the normalisation's. Every
 arm reports its best validation bits per byte over training (evaluated every
 ``eval_interval`` steps on the first ``eval_bytes`` of the validation split). The paired
 statistics of :mod:`svtoolkit.stats` (mean paired relative improvement with a t-based 95 %
@@ -77,8 +80,15 @@ ARMS = {
     "linear": ("linear attention", "linear"),
     "softmax": ("full softmax", "softmax"),
     "sv_hybrid_token": ("SV hybrid, token-level gate update", "sv_hybrid"),
+    "swa_qk_norm": ("sliding window + q/k RMS norm (matched state)", "sliding_window"),
+    "softmax_qk_norm": ("full softmax + q/k RMS norm", "softmax"),
 }
 REFERENCES = ("deltanet", "linear", "softmax")
+#: Controls (not in the paper): the softmax arms with the SV layers' q/k RMS normalisation,
+#: so that the hybrid's gain over them is the gate's, not the normalisation's. The matched
+#: window runs for every seed, full softmax for the first.
+CONTROL = "swa_qk_norm"
+CONTROL_REFERENCES = ("softmax_qk_norm",)
 
 #: Scales. ``eval_bytes``: validation bytes of each periodic evaluation (and of the test
 #: score at the end); ``state_windows``: held-out windows for the state measurement.
@@ -120,10 +130,12 @@ def attn_options(arm, protocol, window=None):
         if arm == "sv_hybrid_token":
             options["gate_update"] = "token"
         return options
-    if arm == "swa":
+    if arm in ("swa", "swa_qk_norm"):
         if window is None:
-            raise ValueError("the swa arm needs its matched window")
-        return {"window": int(window)}
+            raise ValueError(f"the {arm} arm needs its matched window")
+        return {"window": int(window), **({"qk_norm": True} if arm == "swa_qk_norm" else {})}
+    if arm == "softmax_qk_norm":
+        return {"qk_norm": True}
     if arm in ("deltanet", "linear"):
         return {"chunk": chunk}
     return {}
@@ -289,7 +301,7 @@ def per_seed_rows(cells, results, baseline, treatment):
 def reference_rows(cells, results):
     rows = []
     for c, r in zip(cells, results, strict=True):
-        if c["method"] in REFERENCES:
+        if c["method"] in REFERENCES + CONTROL_REFERENCES:
             rows.append({"method": c["method"], "label": ARMS[c["method"]][0], "seed": c["seed"],
                          "best_val_bpb": r["best_val_bpb"], "test_bpb": r["test_bpb"],
                          "params": r["params"], "tokens_per_s": r["tokens_per_s"]})
@@ -338,6 +350,8 @@ def markdown(payload):
                   "|---|---:|---:|---:|"]
         lines += [f"| {r['label']} | {r['seed']} | {r['best_val_bpb']:.4f} | "
                   f"{r['test_bpb']:.4f} |" for r in payload["references"]]
+    if payload.get("control"):
+        lines += _control_lines(payload["control"], treat_label)
     p = PUBLISHED
     if ablation:
         lines += ["", "Published (Forgetful Attention, §3.5): the chunk-frozen update costs "
@@ -353,6 +367,23 @@ def markdown(payload):
     lines += ["", payload["scale_note"], "", "Differences from the published protocol: "
               + "; ".join(payload["differences"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _control_lines(control, treat_label):
+    """The q/k-norm control: the hybrid against the matched window with normalised q, k."""
+    label = control["label"]
+    lines = ["", f"Control (not in the paper): {label}, same window per seed.", "",
+             f"| seed | {treat_label} | {label} | relative improvement |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['seed']} | {r['treatment_bpb']:.4f} | {r['baseline_bpb']:.4f} | "
+              f"{100 * r['improvement']:+.2f} % |" for r in control["per_seed"]]
+    s = control["statistics"]
+    if s is not None:
+        lines += ["", f"Mean paired relative improvement over the control "
+                  f"{100 * s['mean_improvement']:+.2f} % (95 % CI [{100 * s['ci_low']:+.2f}, "
+                  f"{100 * s['ci_high']:+.2f}] %); paired t-test p = {_fmt(s['t_p'], '.3g')}; "
+                  f"Wilcoxon p = {_fmt(s['wilcoxon_p'], '.3g')}; {treat_label} lower on "
+                  f"{s['wins']} of {s['n']} seeds."]
+    return lines
 
 
 def _color(arm):
@@ -500,8 +531,14 @@ def main(argv=None):
             setting, window=matched_window(states[s], protocol["chunk"])), "seed": s}
             for s in seeds]
         second_results = run_cells(run_cell, second, desc=f"{stem} (matched window)", **run)
-        cells, results = first + second, first_results + second_results
+        third = [dict(c, method=CONTROL) for c in second]
+        third += [{"method": arm, "setting": setting, "seed": seeds[0]}
+                  for arm in CONTROL_REFERENCES]
+        third_results = run_cells(run_cell, third, desc=f"{stem} (q/k-norm controls)", **run)
+        cells = first + second + third
+        results = first_results + second_results + third_results
     rows = per_seed_rows(cells, results, baseline, treatment)
+    control_rows = [] if ablation else per_seed_rows(cells, results, CONTROL, treatment)
     scale_note = (f"Scale '{scale}': TinyLM d_model {protocol['d_model']}, {protocol['n_layers']}"
                   f" layers, {protocol['n_heads']} heads, block {protocol['block']}, SV chunk "
                   f"{protocol['chunk']} (C {FIXED['C']}, {FIXED['fista_iters']} FISTA "
@@ -520,6 +557,9 @@ def main(argv=None):
                               "windows, layers, heads and read chunk boundaries of the keys with "
                               "nonzero multiplier a_i / C; batched-gate count recorded too"),
         "per_seed": rows, "statistics": comparison(rows),
+        "control": None if ablation else {
+            "label": ARMS[CONTROL][0], "per_seed": control_rows,
+            "statistics": comparison(control_rows)},
         "references": reference_rows(cells, results),
         "params_without_positions": params,
         "published": PUBLISHED, "scale_note": scale_note,

@@ -301,3 +301,32 @@ def test_switch_options_are_rejected():
             TensorCache(D_MODEL, N_HEADS, **options)
     with pytest.raises(TypeError, match=r"use_delta must be a bool"):
         GatedDeltaNet(D_MODEL, N_HEADS, use_delta="no")
+
+
+@pytest.mark.parametrize("cls,options", [(SoftmaxAttention, {}),
+                                         (SlidingWindowAttention, {"window": 5})])
+def test_qk_norm_is_softmax_over_rms_normalised_queries_and_keys(cls, options):
+    """qk_norm=True: o_t = sum_j softmax_j(q^_t . k^_j / sqrt(D)) v_j with q^, k^ of norm
+    sqrt(D) (a per-token loop in fp64), and streaming equals the forward."""
+    torch.manual_seed(3)
+    layer = cls(8, 2, qk_norm=True, **options).double()
+    x = torch.randn(2, 11, 8, dtype=torch.float64)
+    q, k, v = (layer._heads(p(x)) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
+    D, W = layer.head_dim, options.get("window", 11)
+    q = q / q.pow(2).mean(-1, keepdim=True).add(torch.finfo(torch.float64).eps).sqrt()
+    k = k / k.pow(2).mean(-1, keepdim=True).add(torch.finfo(torch.float64).eps).sqrt()
+    rows = []
+    for t in range(11):
+        lo = max(0, t - W + 1)
+        w = torch.softmax(torch.einsum("bhd,bjhd->bhj", q[:, t], k[:, lo:t + 1]) / D ** 0.5, -1)
+        rows.append(torch.einsum("bhj,bjhd->bhd", w, v[:, lo:t + 1]))
+    expected = layer.o_proj(torch.stack(rows, 1).flatten(-2))
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-12)
+    plain = cls(8, 2, **options).double()
+    plain.load_state_dict(layer.state_dict())
+    assert (plain(x) - layer(x)).abs().max() > 1e-3  # the option changes the layer
+    y0, state = layer.forward_with_state(x[:, :4])
+    y1, _ = layer.forward_with_state(x[:, 4:], state)
+    torch.testing.assert_close(torch.cat([y0, y1], 1), layer(x), rtol=0, atol=1e-12)
+    with pytest.raises(TypeError, match="qk_norm must be a bool"):
+        cls(8, 2, qk_norm=1, **options)

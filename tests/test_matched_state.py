@@ -44,8 +44,9 @@ def test_outputs_and_cells(quick):
     assert payload["environment"]["versions"]["torch"]
     methods = sorted((c["method"], c["seed"]) for c in payload["cells"])
     assert methods == sorted([("sv_hybrid", 0), ("sv_hybrid", 1), ("swa", 0), ("swa", 1),
-                              ("deltanet", 0), ("linear", 0), ("softmax", 0)])
-    assert len((out / "matched_state_quick.cells.jsonl").read_text().splitlines()) == 7
+                              ("deltanet", 0), ("linear", 0), ("softmax", 0),
+                              ("swa_qk_norm", 0), ("swa_qk_norm", 1), ("softmax_qk_norm", 0)])
+    assert len((out / "matched_state_quick.cells.jsonl").read_text().splitlines()) == 10
     table = (out / "matched_state_quick.md").read_text()
     assert "2.178" in table and "Differences from the published protocol" in table
     assert "| DeltaNet | 0 |" in table
@@ -53,7 +54,7 @@ def test_outputs_and_cells(quick):
 
 
 def test_window_is_the_measured_state_plus_the_chunk(quick):
-    _, _, _, payload = quick
+    _, out, _, payload = quick
     chunk = payload["protocol"]["chunk"]
     cells = {(c["method"], c["seed"]): c for c in payload["cells"]}
     for row in payload["per_seed"]:
@@ -62,6 +63,11 @@ def test_window_is_the_measured_state_plus_the_chunk(quick):
         assert state["margin"] + state["error"] == pytest.approx(state["exact"])
         assert row["window"] == round(state["exact"]) + chunk
         assert cells[("swa", row["seed"])]["attn_options"] == {"window": row["window"]}
+        assert cells[("swa_qk_norm", row["seed"])]["attn_options"] == {
+            "window": row["window"], "qk_norm": True}
+    control = payload["control"]
+    assert [r["window"] for r in control["per_seed"]] == [r["window"] for r in payload["per_seed"]]
+    assert "Control (not in the paper)" in (out / "matched_state_quick.md").read_text()
 
 
 def test_statistics_are_recomputed_from_the_rows(quick):

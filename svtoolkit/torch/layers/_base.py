@@ -103,6 +103,7 @@ class HeadsAttention(nn.Module):
             base = ntk_base(base, ntk_factor, self.head_dim)
         start = 0 if state is None else int(state.seen)
         return apply_rotary(q, start, base), apply_rotary(k, start, base)
+
     def _heads(self, y: torch.Tensor) -> torch.Tensor:
         """(B, T, H*D) -> (B, T, H, D)."""
         return y.unflatten(-1, (self.n_heads, self.head_dim))

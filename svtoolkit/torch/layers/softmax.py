@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
 from ..ops import softmax_attention
 from ..ops._common import check_positive_int
 from ._base import HeadsAttention
@@ -18,6 +20,10 @@ class SoftmaxAttention(HeadsAttention):
         See :class:`HeadsAttention`.
     block_size : int, default 256
         Queries per block in the op (memory knob only).
+    qk_norm : bool, default False
+        RMS-normalise each head's q and k (no learned gain, ``||q|| = ||k|| = sqrt(D)``) before
+        the logits, as the SV layers do: a control that gives softmax the SV layers' query/key
+        normalisation, so a comparison with them isolates the gate.
 
     Notes
     -----
@@ -32,11 +38,17 @@ class SoftmaxAttention(HeadsAttention):
     sinks: int = 0
     supports_rotary = True
 
-    def __init__(self, d_model: int, n_heads: int, *, block_size: int = 256, **options):
+    def __init__(self, d_model: int, n_heads: int, *, block_size: int = 256,
+                 qk_norm: bool = False, **options):
         super().__init__(d_model, n_heads, **options)
         self.block_size = check_positive_int("block_size", block_size)
+        if not isinstance(qk_norm, bool):
+            raise TypeError(f"qk_norm must be a bool; got {type(qk_norm).__name__}")
+        self.qk_norm = qk_norm
 
     def _mix(self, x, q, k, v, state, want_state):
+        if self.qk_norm:  # rotation preserves norms: normalising after it is the same
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         return softmax_attention(
             q,
             k,
@@ -54,7 +66,7 @@ class SlidingWindowAttention(SoftmaxAttention):
 
     Parameters
     ----------
-    d_model, n_heads, head_dim, bias, block_size
+    d_model, n_heads, head_dim, bias, block_size, qk_norm
         See :class:`SoftmaxAttention`.
     window : int, default 64
         W. The streaming state keeps the last W-1 tokens (constant size).
@@ -70,7 +82,7 @@ class StreamingLLMAttention(SoftmaxAttention):
 
     Parameters
     ----------
-    d_model, n_heads, head_dim, bias, block_size
+    d_model, n_heads, head_dim, bias, block_size, qk_norm
         See :class:`SoftmaxAttention`.
     sinks : int, default 4
         Attention-sink tokens always kept (the StreamingLLM default).
