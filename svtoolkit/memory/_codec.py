@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["encode_value", "decode_value", "check_utf8", "check_record_id"]
+__all__ = ["encode_value", "decode_value", "check_utf8", "check_record_id",
+           "non_canonical_values"]
+
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                              allow_nan=False)
 
 
 def encode_value(value, name="value"):
@@ -52,6 +56,47 @@ def encode_value(value, name="value"):
 def decode_value(text):
     """A fresh copy of the value whose canonical JSON text is ``text``."""
     return json.loads(text)
+
+
+def non_canonical_values(texts):
+    """Index of the first text that is not the canonical JSON of a value, or None.
+
+    The same test as ``encode_value(json.loads(text)) == text`` for each text, in one parse
+    of all of them (a text read from a UTF-8 file holds no unpaired surrogate, and the value
+    of a canonical text survives the round trip by construction).
+
+    Parameters
+    ----------
+    texts : list of str
+
+    Returns
+    -------
+    int or None
+    """
+    if not texts:
+        return None
+    try:
+        # one parse for all; each text is then compared with its own element's encoding, so
+        # a text that is not valid JSON on its own can never pass
+        values = json.loads("[" + ",".join(texts) + "]")
+    except (ValueError, RecursionError):
+        values = None
+    if values is None or len(values) != len(texts):
+        for i, text in enumerate(texts):
+            try:
+                if _CANONICAL.encode(json.loads(text)) != text:
+                    return i
+            except (ValueError, TypeError, RecursionError):
+                return i
+        return None
+    encode = _CANONICAL.encode
+    for i, (value, text) in enumerate(zip(values, texts)):
+        try:
+            if encode(value) != text:
+                return i
+        except (ValueError, RecursionError):
+            return i
+    return None
 
 
 def check_utf8(text, name):

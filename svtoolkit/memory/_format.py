@@ -21,7 +21,8 @@ from ._errors import MemoryAuthenticationError, MemoryFileError
 from ._signing import MAC_BYTES, file_mac, macs_equal
 
 __all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "MAGIC", "KKT_TOL", "FileContents",
-           "serialize", "parse_file", "parse_tombstones", "check_solver_numbers"]
+           "serialize", "parse_file", "parse_tombstones", "check_solver_numbers",
+           "check_maintained_numbers"]
 
 #: Version of the file format written by :meth:`ForgettableMemory.save`.
 FORMAT_VERSION = 2
@@ -68,6 +69,9 @@ class FileContents:
     digest : str
     solver_state : dict
         :meth:`IncrementalSVDD.state_dict` as saved (arrays and scalars).
+    audit_cursor : tuple of int
+        Where the memory's rolling audit resumes (next solver id, next bordered-system
+        column); ``(0, 0)`` for files written before it existed.
     """
 
     version: int
@@ -80,11 +84,12 @@ class FileContents:
     revision: int
     digest: str
     solver_state: dict
+    audit_cursor: tuple = (0, 0)
 
 
 # ---------------------------------------------------------------------------- writing
 def serialize(solver_state, *, config, metadata_text, records, tombstones, next_auto,
-              revision, digest, key=None):
+              revision, digest, audit_cursor=(0, 0), key=None):
     """The bytes of a memory file, without the trailing checksum, as a list of chunks.
 
     Parameters
@@ -97,6 +102,8 @@ def serialize(solver_state, *, config, metadata_text, records, tombstones, next_
     tombstones : list of [str, str, float]
     next_auto, revision : int
     digest : str
+    audit_cursor : sequence of two int, default (0, 0)
+        The rolling audit's cursor (next solver id, next bordered-system column).
     key : bytes, optional
         Signing key: the last chunk is then the HMAC-SHA256 of all the others.
 
@@ -127,6 +134,7 @@ def serialize(solver_state, *, config, metadata_text, records, tombstones, next_
         "next_auto": next_auto,
         "revision": revision,
         "digest": digest,
+        "audit_cursor": [int(c) for c in audit_cursor],
         "solver_scalars": scalars,
         "arrays": arrays,
     }
@@ -217,7 +225,17 @@ def parse_file(data, key=None):
         revision=_parse_counter(header, "revision"),
         digest=header["digest"],
         solver_state=state,
+        audit_cursor=_parse_cursor(header),
     )
+
+
+def _parse_cursor(header):
+    """The rolling audit's cursor: two integers >= 0 (absent in older files: start over)."""
+    cursor = header.get("audit_cursor", [0, 0])
+    if not isinstance(cursor, list) or len(cursor) != 2 or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in cursor):
+        raise MemoryFileError(f"audit_cursor must be two integers >= 0; got {cursor!r}")
+    return tuple(cursor)
 
 
 def _parse_header(raw, version):
@@ -322,6 +340,20 @@ _LOAD_MEANING = {
     "inverse_residual": "the stored bordered inverse is not the inverse of the margin system",
     "margin_rows_drift": "the stored margin kernel rows disagree with the keys",
 }
+
+
+def check_maintained_numbers(kkt_residual):
+    """Refuse a loaded state whose maintained certificate fails.
+
+    Parameters
+    ----------
+    kkt_residual : float
+        KKT residual evaluated on the stored (maintained) gradients.
+    """
+    if not kkt_residual <= KKT_TOL:
+        raise MemoryFileError(f"maintained kkt residual {kkt_residual:.3g} exceeds "
+                              f"{KKT_TOL:g}: {_LOAD_MEANING['kkt_residual']} by its own "
+                              "maintained gradients (tampered or corrupted)")
 
 
 def check_solver_numbers(found):

@@ -8,7 +8,13 @@ from typing import NamedTuple
 
 from ._signing import check_key, macs_equal, receipt_mac
 
-__all__ = ["DeletionReceipt", "AuditReport", "AddResult", "verify_receipt"]
+__all__ = ["DeletionReceipt", "AuditReport", "AddResult", "ExtendResult", "verify_receipt"]
+
+#: Receipt fields added with the verification levels; a receipt without them (an older one)
+#: was signed without them, so they enter the MAC only when they hold a value.
+_OPTIONAL_FIELDS = ("kkt_source", "rolling_audit")
+#: What a receipt's ``kkt_residual`` was computed from (see :class:`DeletionReceipt`).
+KKT_SOURCES = ("fresh", "maintained", "cached fresh", "cached maintained")
 
 
 @dataclass(frozen=True)
@@ -23,8 +29,9 @@ class DeletionReceipt:
         Seconds since the epoch (UTC) of the operation, taken when it is applied (before the
         receipt's verification and audit); for a forget it is the tombstone's time.
     kkt_residual : float or None
-        Largest KKT violation of the state after the operation, recomputed from the keys (in
-        units of the decision function); ``None`` when the caller passed ``verify=False``.
+        Largest KKT violation of the state after the operation (in units of the decision
+        function), computed as ``kkt_source`` says; ``None`` when the caller passed
+        ``verify=False``.
     digest_before, digest_after : str
         :meth:`ForgettableMemory.state_digest` before and after (sha256, hex).
     n_records : int
@@ -43,6 +50,22 @@ class DeletionReceipt:
     mac : str or None
         HMAC-SHA256 (hex) over every other field, when the memory has a signing key
         (:func:`verify_receipt` checks it); None otherwise.
+    kkt_source : str or None
+        How ``kkt_residual`` was obtained: ``"fresh"`` - every gradient recomputed from the
+        keys for this receipt (O(n |support| d)); ``"maintained"`` - evaluated on the
+        gradients the exact walk maintains (O(n); their agreement with the keys is what
+        ``rolling_audit`` and the full checks verify); ``"cached fresh"`` /
+        ``"cached maintained"`` - a value-only edit, whose solver state is the one that
+        value was computed for; None with ``verify=False``.
+    rolling_audit : dict or None
+        The fresh checks this operation ran on part of the solver state (the rolling audit,
+        ``docs/memory.md``): ``gradients_checked`` keys whose maintained gradients were
+        compared with a fresh evaluation from the keys, their largest difference
+        ``grad_drift``, ``inverse_columns_checked`` columns of the bordered margin system
+        multiplied by the maintained inverse, their largest deviation from the identity
+        ``inverse_residual``, and ``repaired`` (a drift above the solver's audit thresholds
+        triggered a full audit and refactorisation). None when the operation did not change
+        the solver (a value-only edit).
     """
 
     operation: str
@@ -56,10 +79,13 @@ class DeletionReceipt:
     audit_deviation: float | None = None
     revision: int | None = None
     mac: str | None = None
+    kkt_source: str | None = None
+    rolling_audit: dict | None = None
 
     def signed_fields(self):
-        """dict of every field except ``mac`` (what the MAC covers)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "mac"}
+        """dict of every field except ``mac`` (what the MAC covers; the optional fields
+        ``kkt_source`` and ``rolling_audit`` only when they hold a value)."""
+        return _payload({f.name: getattr(self, f.name) for f in fields(self)})
 
     def to_dict(self):
         """Plain JSON-serialisable dict (adds ``time_utc`` in ISO 8601, not covered by the MAC)."""
@@ -106,6 +132,21 @@ class AuditReport:
         return asdict(self)
 
 
+class ExtendResult(NamedTuple):
+    """What one :meth:`ForgettableMemory.extend` did.
+
+    Attributes
+    ----------
+    record_ids : tuple of str
+        The ids of the new records, in row order.
+    evicted : tuple of str
+        Records this call evicted by the budget (oldest first); can include new ids.
+    """
+
+    record_ids: tuple
+    evicted: tuple
+
+
 class AddResult(NamedTuple):
     """What one :meth:`ForgettableMemory.add_record` did.
 
@@ -121,15 +162,21 @@ class AddResult(NamedTuple):
     evicted: tuple
 
 
+def _payload(values):
+    """The MAC's payload: every field but ``mac``; an optional field only when not None."""
+    return {name: value for name, value in values.items() if name != "mac" and not (
+        name in _OPTIONAL_FIELDS and value is None)}
+
+
 def _receipt_fields(receipt):
     if isinstance(receipt, DeletionReceipt):
         return receipt.signed_fields(), receipt.mac
     if isinstance(receipt, dict):
         names = [f.name for f in fields(DeletionReceipt) if f.name != "mac"]
-        missing = [n for n in names if n not in receipt]
+        missing = [n for n in names if n not in receipt and n not in _OPTIONAL_FIELDS]
         if missing:
             raise ValueError(f"receipt is missing field(s) {', '.join(missing)}")
-        return {n: receipt[n] for n in names}, receipt.get("mac")
+        return _payload({n: receipt.get(n) for n in names}), receipt.get("mac")
     raise TypeError(f"receipt must be a DeletionReceipt or its dict form; got "
                     f"{type(receipt).__name__}")
 

@@ -13,8 +13,8 @@ import struct
 
 import numpy as np
 
-__all__ = ["RecordTable", "record_leaf", "coefficients_hash", "state_digest", "state_digest_v1",
-           "BLOCK"]
+__all__ = ["RecordTable", "record_leaf", "record_leaves", "coefficients_hash", "state_digest",
+           "state_digest_v1", "BLOCK"]
 
 #: Records are hashed in blocks of this many consecutive solver ids (insertion slots), so that
 #: an operation rehashes only the blocks it touched.
@@ -49,6 +49,37 @@ def record_leaf(record_id, key, value_text):
     h.update(_U64.pack(len(value)))
     h.update(value)
     return np.frombuffer(h.digest(), dtype=np.uint8)
+
+
+def record_leaves(record_ids, keys, value_texts):
+    """:func:`record_leaf` of many records at once (the same bytes hashed).
+
+    Parameters
+    ----------
+    record_ids : list of str
+    keys : ndarray of shape (n, d)
+    value_texts : list of str
+
+    Returns
+    -------
+    ndarray of shape (n, 32), uint8
+
+    Raises
+    ------
+    UnicodeEncodeError
+        An id or value that is not encodable as UTF-8.
+    """
+    n = len(record_ids)
+    d = keys.shape[1] if keys.ndim == 2 else 0
+    raw = np.ascontiguousarray(keys, dtype="<f8").tobytes()
+    width, dim = 8 * d, _U64.pack(d)
+    pack, sha256, out = _U64.pack, hashlib.sha256, bytearray(32 * n)
+    for i, (record_id, text) in enumerate(zip(record_ids, value_texts, strict=True)):
+        rid, value = record_id.encode("utf-8"), text.encode("utf-8")
+        out[32 * i:32 * i + 32] = sha256(b"".join((
+            _LEAF_TAG, pack(len(rid)), rid, dim, raw[width * i:width * i + width],
+            pack(len(value)), value))).digest()
+    return np.frombuffer(bytes(out), dtype=np.uint8).reshape(n, 32)
 
 
 def _record_leaf_v1(record_id, key, value_text):
@@ -122,6 +153,37 @@ class RecordTable:
         self.n += 1
         self._alpha_synced = False
 
+    def insert_many(self, sids, keys, record_ids, value_texts, leaves):
+        """Hold many new records at once (what :meth:`insert` does for each row).
+
+        Parameters
+        ----------
+        sids : ndarray of shape (k,), int
+            Free solver slots, distinct.
+        keys : ndarray of shape (k, d)
+        record_ids : list of k str
+            Distinct ids, none held.
+        value_texts : list of k str
+        leaves : ndarray of shape (k, 32), uint8
+            Their :func:`record_leaf`.
+        """
+        k = len(record_ids)
+        if k == 0:
+            return
+        sids = np.asarray(sids, dtype=np.int64)
+        self._ensure_rows(keys.shape[1], int(sids.max()), extra=k)
+        rows = np.arange(self.n, self.n + k)
+        self.keys[rows] = keys
+        self.row_sid[rows] = sids
+        self._row_by_sid[sids] = rows
+        self._leaf_by_sid[sids] = leaves
+        self._dirty_blocks.update(np.unique(sids // BLOCK).tolist())
+        sid_list = sids.tolist()
+        self._rid_by_sid.update(zip(sid_list, record_ids))
+        self._records.update(zip(record_ids, zip(sid_list, value_texts)))
+        self.n += k
+        self._alpha_synced = False
+
     def drop(self, record_id):
         """Remove a held record (its row is refilled by the last row); returns its sid."""
         sid, _ = self._records.pop(record_id)
@@ -161,14 +223,15 @@ class RecordTable:
                 self.row_alpha[self._row_by_sid[solver.ids]] = solver.alpha
             self._alpha_synced = True
 
-    def _ensure_rows(self, d, sid):
+    def _ensure_rows(self, d, sid, extra=1):
+        """Room for ``extra`` more rows and for solver slots up to ``sid``."""
         if self.keys.shape[0] == 0:
             self.d = d
-            self.keys = np.zeros((16, d))
-            self.row_sid = np.zeros(16, dtype=np.int64)
-            self.row_alpha = np.zeros(16)
-        if self.n >= self.keys.shape[0]:
-            cap = 2 * self.keys.shape[0]
+            self.keys = np.zeros((max(16, extra), d))
+            self.row_sid = np.zeros(self.keys.shape[0], dtype=np.int64)
+            self.row_alpha = np.zeros(self.keys.shape[0])
+        if self.n + extra > self.keys.shape[0]:
+            cap = max(2 * self.keys.shape[0], self.n + extra)
             for name in ("keys", "row_sid", "row_alpha"):
                 old = getattr(self, name)
                 new = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)

@@ -1,0 +1,349 @@
+"""ForgettableMemory at scale: the fast paths, checked for correctness at small n.
+
+One-call builds (``extend``), the verification levels of loads and receipts, the rolling audit
+that replaced the solver's periodic one, and the command line's ``--verify``. Speed itself is
+measured in ``benchmarks/memory.py``; here the fast paths must give the answers of the slow ones
+and refuse what they refuse.
+
+Seeds: every test draws from np.random.default_rng(<seed in the test>).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import svtoolkit.memory._store as store_module
+from svtoolkit.cli import main as cli_main
+from svtoolkit.memory import (
+    FORMAT_VERSION,
+    DeletionReceipt,
+    ForgettableMemory,
+    MemoryAuthenticationError,
+    MemoryFileError,
+    verify_receipt,
+)
+from svtoolkit.memory._audit import RollingAudit
+from svtoolkit.memory._codec import non_canonical_values
+from svtoolkit.memory._table import RecordTable, record_leaf
+
+KEY = b"0123456789abcdef-scale"
+HEADER = "<8sIIQ"
+
+
+def gaussian(seed, n=120, d=3):
+    return np.random.default_rng(seed).standard_normal((n, d))
+
+
+def built(seed=0, n=120, d=3, **kwargs):
+    X = gaussian(seed, n, d)
+    mem = ForgettableMemory(sigma=1.5, nu=0.3, n0=n, **kwargs)
+    mem.extend(X, [{"i": i} for i in range(n)], record_ids=[f"k{i}" for i in range(n)])
+    return mem, X
+
+
+@pytest.fixture
+def large(monkeypatch):
+    """Every state counts as large: "auto" takes the maintained level."""
+    monkeypatch.setattr(store_module, "FRESH_KKT_WORK", 0)
+
+
+def _rewrite(path, mutate):
+    """Apply ``mutate`` to the header and array bytes of an unsigned file; new checksum."""
+    data = path.read_bytes()
+    _, _, flags, hlen = struct.unpack_from(HEADER, data, 0)
+    assert flags == 0
+    start = struct.calcsize(HEADER)
+    header = json.loads(data[start:start + hlen])
+    blob = bytearray(data[start + hlen:-32])
+    mutate(header, blob)
+    text = json.dumps(header).encode()
+    body = struct.pack(HEADER, b"SVTKMEM\x00", FORMAT_VERSION, 0, len(text)) + text + bytes(blob)
+    path.write_bytes(body + hashlib.sha256(body).digest())
+
+
+def _nudge(name, slot, delta):
+    def mutate(header, blob):
+        spec = next(a for a in header["arrays"] if a["name"] == name)
+        at = spec["offset"] + 8 * slot
+        struct.pack_into("<d", blob, at, struct.unpack_from("<d", blob, at)[0] + delta)
+    return mutate
+
+
+# ------------------------------------------------------------------ extend
+def test_extend_is_one_solver_call_and_equals_one_add_per_record(monkeypatch):
+    X = gaussian(1)
+    calls = []
+    mem = ForgettableMemory(sigma=1.5, nu=0.3, n0=len(X))
+    original = mem._solver.extend
+    monkeypatch.setattr(mem._solver, "extend", lambda K: calls.append(len(K)) or original(K))
+    result = mem.extend(X, list(range(len(X))))
+    assert calls == [len(X)] and result.record_ids == tuple(f"r{i}" for i in range(len(X)))
+    one_by_one = ForgettableMemory(sigma=1.5, nu=0.3, n0=len(X))
+    for i, x in enumerate(X):
+        one_by_one.add(x, i)
+    # the same optimum by two routes: equal to rounding, the same partition
+    assert np.allclose(mem._solver.alpha, one_by_one._solver.alpha, rtol=0, atol=1e-12)
+    assert mem.partition() == one_by_one.partition()
+    assert mem.record_ids == one_by_one.record_ids
+    assert [mem.get(r) for r in mem.record_ids] == list(range(len(X)))
+    assert mem._solver.kkt_residual() < 1e-12
+    # the bulk table insert hashes what one insert per record hashes
+    table = RecordTable()
+    for i, (sid, x) in enumerate(zip(mem._solver.ids, X)):
+        table.insert(int(sid), x, f"r{i}", str(i), record_leaf(f"r{i}", x, str(i)))
+    assert table.records_root() == mem._table.records_root()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"values": [1, 2]}, ValueError, "values has 2 entries for 3 keys"),
+    ({"record_ids": ["a", "b"]}, ValueError, "record_ids has 2 entries"),
+    ({"record_ids": ["a", "b", "a"]}, ValueError, "same id twice"),
+    ({"record_ids": ["a", "held", "c"]}, ValueError, "duplicate record id 'held'"),
+    ({"values": [1, (2,), 3]}, TypeError, "JSON round trip"),
+    ({"keys": [[0.0, 1.0], [np.nan, 0.0], [1.0, 1.0]]}, ValueError, "keys"),
+])
+def test_a_refused_extend_stores_nothing(kwargs, error, match):
+    mem = ForgettableMemory(sigma=1.0, C=0.5)
+    mem.add([5.0, 5.0], "x", record_id="held")
+    before = (mem.state_digest(), mem.revision, mem.record_ids)
+    args = {"keys": [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]], "values": [1, 2, 3], **kwargs}
+    with pytest.raises(error, match=match):
+        mem.extend(args.pop("keys"), args.pop("values"), **args)
+    assert (mem.state_digest(), mem.revision, mem.record_ids) == before
+
+
+def test_extend_enforces_the_budget_once():
+    X = gaussian(2, n=60)
+    mem = ForgettableMemory(sigma=1.5, C=0.1, budget=40)
+    result = mem.extend(X, [None] * 60)
+    assert len(mem) == 40 and len(result.evicted) == 20
+    assert all(r not in mem for r in result.evicted) and mem.last_evicted == result.evicted
+
+
+# ------------------------------------------------------------------ verification levels
+def test_default_load_of_a_large_signed_file_is_maintained_and_equals_the_full_load(
+        tmp_path, large):
+    mem, _ = built(3, signing_key=KEY)
+    mem.forget("k5")
+    path = tmp_path / "m.svtk"
+    mem.save(path)
+    default = ForgettableMemory.load(path, key=KEY)
+    full = ForgettableMemory.load(path, key=KEY, verify="full")
+    assert (default.load_verification, full.load_verification) == ("maintained", "full")
+    assert default.state_digest() == full.state_digest() == mem.state_digest()
+    a, b = default._solver.state_dict(), full._solver.state_dict()
+    assert all(np.array_equal(a[k], b[k]) for k in a if isinstance(a[k], np.ndarray))
+    # and both continue identically
+    ra, rb = default.forget("k7"), full.forget("k7")
+    assert (ra.digest_after, ra.kkt_source) == (rb.digest_after, "maintained")
+
+
+def test_an_unsigned_file_is_fully_verified_by_default(tmp_path, large):
+    """Without a key the fresh checks are what refuse a forged coefficient or solver array,
+    so "auto" keeps them; the maintained level, asked for explicitly, does not see this one."""
+    mem, _ = built(4)
+    path = tmp_path / "m.svtk"
+    mem.save(path)
+    reserve = mem._solver._slot_of[int(mem._solver.reserve_ids[0])]
+    _rewrite(path, _nudge("grad", reserve, 1e-3))  # still >= 0: the maintained KKT holds
+    with pytest.raises(MemoryFileError, match="grad drift .* exceeds"):
+        ForgettableMemory.load(path)
+    assert ForgettableMemory.load(path, verify="maintained").load_verification == "maintained"
+
+
+def test_the_maintained_load_refuses_a_broken_certificate(tmp_path):
+    mem, _ = built(5)
+    path = tmp_path / "m.svtk"
+    mem.save(path)
+    margin = mem._solver._slot_of[int(mem._solver.margin_ids[0])]
+    _rewrite(path, _nudge("grad", margin, 1e-3))  # a margin gradient must be 0
+    with pytest.raises(MemoryFileError, match="maintained kkt residual .* exceeds"):
+        ForgettableMemory.load(path, verify="maintained")
+
+
+def test_the_default_load_still_refuses_a_tampered_signed_file(tmp_path, large):
+    mem, _ = built(6, signing_key=KEY)
+    path = tmp_path / "m.svtk"
+    mem.save(path)
+    data = bytearray(path.read_bytes())
+    data[-200] ^= 0x01  # inside the arrays
+    body = bytes(data[:-32])
+    path.write_bytes(body + hashlib.sha256(body).digest())  # checksum recomputed
+    with pytest.raises(MemoryAuthenticationError, match="MAC mismatch"):
+        ForgettableMemory.load(path, key=KEY)
+
+
+def test_load_refuses_an_unknown_verification_level(tmp_path):
+    mem, _ = built(7)
+    mem.save(tmp_path / "m.svtk")
+    with pytest.raises(ValueError, match="verify must be one of"):
+        ForgettableMemory.load(tmp_path / "m.svtk", verify="fast")
+    with pytest.raises(ValueError, match="verify must be one of"):
+        mem.forget("k1", verify="fast")
+    assert "k1" in mem
+
+
+def test_receipts_say_which_checks_were_fresh(large):
+    mem, _ = built(8, signing_key=KEY)
+    receipt = mem.forget("k3")
+    assert receipt.kkt_source == "maintained"
+    assert receipt.kkt_residual == pytest.approx(mem._solver.kkt_residual(), abs=1e-12)
+    checks = receipt.rolling_audit
+    assert checks["gradients_checked"] == 8 and checks["grad_drift"] < 1e-12
+    assert checks["inverse_columns_checked"] >= 1 and checks["repaired"] is False
+    assert mem.forget("k4", verify="full").kkt_source == "fresh"
+    edit = mem.edit("k5", value="new")
+    assert (edit.kkt_source, edit.rolling_audit) == ("cached fresh", None)
+    assert mem.forget("k6", verify=False).kkt_source is None
+    # the MAC covers the new fields
+    forged = dict(receipt.to_dict(), kkt_source="fresh")
+    assert verify_receipt(receipt.to_dict(), KEY) and not verify_receipt(forged, KEY)
+
+
+def test_a_receipt_without_the_new_fields_still_verifies():
+    mem, _ = built(9, signing_key=KEY)
+    old = DeletionReceipt(**{k: v for k, v in mem.forget("k1").signed_fields().items()
+                             if k not in ("kkt_source", "rolling_audit")})
+    old = DeletionReceipt(**{**old.signed_fields(), "mac": store_module.receipt_mac(
+        KEY, old.signed_fields())})
+    as_json = {k: v for k, v in old.to_dict().items() if k not in ("kkt_source",
+                                                                    "rolling_audit")}
+    assert verify_receipt(as_json, KEY)
+
+
+def test_small_memories_keep_fresh_receipts_and_loads(tmp_path):
+    mem, _ = built(10)
+    assert mem.forget("k2").kkt_source == "fresh"
+    mem.save(tmp_path / "m.svtk", key=KEY)
+    assert ForgettableMemory.load(tmp_path / "m.svtk", key=KEY).load_verification == "full"
+
+
+# ------------------------------------------------------------------ rolling audit
+def test_a_full_cycle_of_the_rolling_audit_measures_what_the_full_audit_measures():
+    mem, _ = built(11, n=150)
+    solver = mem._solver
+    slot = solver._slot_of[int(solver.reserve_ids[3])]
+    solver._grad[slot] += 3e-7
+    solver._R[1, 1] += 2e-6
+    full = solver.consistency(margin_rows=False)
+    rolling, slices = RollingAudit(), []
+    for _ in range(-(-len(solver) // 8) + -(-(len(solver.margin_ids) + 1) // 4)):
+        slices.append(rolling.step(solver, repair=False))
+    assert max(s["grad_drift"] for s in slices) == pytest.approx(full.grad_drift, rel=1e-9)
+    assert max(s["inverse_residual"] for s in slices) == pytest.approx(full.inverse_residual,
+                                                                        rel=1e-6)
+
+
+def test_the_rolling_audit_repairs_drift_within_one_cycle():
+    mem, _ = built(12, n=100)
+    solver = mem._solver
+    victim = int(solver.reserve_ids[-1])
+    solver._grad[solver._slot_of[victim]] += 1e-6
+    assert solver.copy().audit().refactorized  # what the full audit would find
+    reserve = [r for r in mem.partition()["reserve"] if r != f"k{victim}"]
+    repaired = [mem.forget(r).rolling_audit["repaired"] for r in reserve[:14]]
+    assert any(repaired) and repaired.count(True) == 1
+    assert solver.consistency().grad_drift < 1e-10
+
+
+def test_no_full_audit_runs_in_a_stream_crossing_a_thousand_operations(monkeypatch):
+    mem, X = built(13, n=60)
+    assert mem._solver.audit_every == 0
+    calls = []
+    monkeypatch.setattr(mem._solver, "audit", lambda: calls.append(1))
+    rng = np.random.default_rng(13)
+    for j in range(510):
+        mem.add(rng.standard_normal(3), j, record_id=f"s{j}")
+        mem.forget(f"s{j}")
+    assert mem._solver.n_refactorizations == 0 and calls == []
+    assert mem._solver.kkt_residual() < 1e-12
+
+
+def test_the_audit_cursor_survives_save_and_load(tmp_path):
+    mem, _ = built(14)
+    for r in ("k1", "k2", "k3"):
+        mem.forget(r)
+    mem.save(tmp_path / "m.svtk")
+    loaded = ForgettableMemory.load(tmp_path / "m.svtk")
+    assert loaded._rolling.cursor() == mem._rolling.cursor() != [0, 0]
+    _rewrite(tmp_path / "m.svtk", lambda h, b: h.update(audit_cursor=[1, -2]))
+    with pytest.raises(MemoryFileError, match="audit_cursor must be two integers"):
+        ForgettableMemory.load(tmp_path / "m.svtk")
+
+
+# ------------------------------------------------------------------ bulk checks at load
+@pytest.mark.parametrize("texts, bad", [
+    (['"a"', "1", "[1,2]", '{"a":1}'], None),
+    (['"a', 'b"', "1,2"], 0),  # not JSON one by one, although their join parses
+    (["1", "[1, 2]"], 1),  # valid but not canonical
+    (["1", '{"b":1,"a":2}'], 1),  # keys unsorted
+    (["1", "{not json"], 1),
+])
+def test_bulk_canonical_check_matches_the_one_by_one_check(texts, bad):
+    assert non_canonical_values(texts) == bad
+
+
+def test_a_duplicated_record_id_in_a_file_is_refused(tmp_path):
+    mem, _ = built(15)
+    mem.save(tmp_path / "m.svtk")
+
+    def duplicate(header, blob):
+        header["records"][1][0] = header["records"][0][0]
+
+    _rewrite(tmp_path / "m.svtk", duplicate)
+    with pytest.raises(MemoryFileError, match="record id 'k0' appears twice"):
+        ForgettableMemory.load(tmp_path / "m.svtk")
+
+
+# ------------------------------------------------------------------ command line
+def test_cli_verify_flag(tmp_path, capsys, monkeypatch, large):
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY)
+    store = str(tmp_path / "m.svtk")
+    mem, X = built(16, signing_key=KEY)
+    mem.save(store)
+    q = ",".join(repr(float(v)) for v in X[0])
+    assert cli_main(["memory", "query", store, "--key-file", str(key_file), "--key", q]) == 0
+    assert cli_main(["memory", "forget", store, "k0", "--key-file", str(key_file)]) == 0
+    default = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert default["kkt_source"] == "maintained"
+    assert cli_main(["memory", "forget", store, "k1", "--key-file", str(key_file),
+                     "--verify", "full"]) == 0
+    assert json.loads(capsys.readouterr().out)["kkt_source"] == "fresh"
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["memory", "list", store, "--verify", "fast"])
+    assert exc.value.code == 2
+
+
+def test_a_vector_store_command_does_not_import_torch(tmp_path):
+    mem, X = built(17)
+    mem.save(tmp_path / "m.svtk")
+    code = ("import sys; from svtoolkit.cli import main; "
+            f"main(['memory', 'query', {str(tmp_path / 'm.svtk')!r}, '--key', '0,0,0']); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.splitlines()[-1] == "False"
+
+
+# ------------------------------------------------------------------ slow
+@pytest.mark.slow
+def test_larger_extend_load_and_forget_agree_across_levels(tmp_path, large):
+    X = gaussian(18, n=6000, d=8)
+    mem = ForgettableMemory(sigma=3.0, nu=0.3, n0=1000, signing_key=KEY)
+    mem.extend(X, list(range(len(X))))
+    assert mem._solver.kkt_residual() < 1e-10
+    mem.save(tmp_path / "m.svtk")
+    a = ForgettableMemory.load(tmp_path / "m.svtk", key=KEY)
+    b = ForgettableMemory.load(tmp_path / "m.svtk", key=KEY, verify="full")
+    victims = [f"r{i}" for i in np.random.default_rng(18).choice(6000, 40, replace=False)]
+    for r in victims:
+        assert a.forget(r).digest_after == b.forget(r, verify="full").digest_after
+    assert a._solver.kkt_residual() < 1e-10
