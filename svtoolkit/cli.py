@@ -1,10 +1,14 @@
-"""Command line: ``svtoolkit memory init|add|forget|edit|query|list|audit|sign|check-receipt``.
+"""Command line: ``svtoolkit memory COMMAND``.
+
+Commands: init, add, forget, edit, query, list, audit, sign, check-receipt, serve.
 
 Also runnable as ``python -m svtoolkit``. Every command that changes a store takes an exclusive
 lock on ``STORE.lock`` (POSIX; STORE with symlinks resolved), loads and verifies the file,
 applies the change and saves it atomically. With a signing key (``--key-file PATH`` or the
 environment variable ``SVTOOLKIT_MEMORY_KEY``; never a command-line value) files are signed
-and verified, and receipts carry a MAC.
+and verified, and receipts carry a MAC. ``serve`` keeps the store resident behind an HTTP API
+(:mod:`svtoolkit.memory.server`); ``add``, ``forget``, ``edit``, ``query``, ``list`` and
+``audit`` take ``--server URL`` to talk to it instead of opening the file.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import re
 import sys
+import urllib.parse
 import warnings
 
 import numpy as np
@@ -28,10 +33,12 @@ What the memory guarantees, and the scope of each guarantee:
            remaining records with the same C. The record's key and value are erased from the
            file on the next save (the atomic rename replaces the old file); its id is kept
            as a tombstone so a second forget is refused. The receipt gives the KKT residual
-           (optimality, recomputed from the keys), sha256 digests of the state before and
-           after, and with --audit the largest deviation from a fresh solve. Scope: the
-           store file. Copies you made, backups, logs and any system that already read an
-           answer are outside it; so is data the filesystem or disk keeps after a rename.
+           (optimality; kkt_source says whether it was recomputed from the keys or read from
+           the maintained gradients - --verify full recomputes it), sha256 digests of the
+           state before and after, and with --audit the largest deviation from a fresh
+           solve. Scope: the store file. Copies you made, backups, logs and any system
+           that already read an answer are outside it; so is data the filesystem or disk
+           keeps after a rename.
 
   query    Answers come only from held records: a forgotten or evicted record's value is
            never returned. A record supports a query when the kernel similarity
@@ -52,7 +59,9 @@ What the memory guarantees, and the scope of each guarantee:
            after it fails, the change is kept, a warning is printed and the exit status is 0.
            A symlinked store: the real file is rewritten and locked. Loading checks the
            format version, a sha256 checksum, the internal consistency, the KKT residual and
-           the state digest, and refuses a damaged file. The checksum
+           the state digest, and refuses a damaged file (the KKT residual and solver arrays
+           recomputed from the keys; for a large signed store whose MAC verified, from the
+           maintained gradients unless --verify full). The checksum
            detects damage, not deliberate tampering: it is not a signature (no key is
            involved), so someone who can write the file can recompute it, and the stored
            digest too. The state digest covers the configuration (C, sigma, budget,
@@ -150,7 +159,13 @@ def _signing_key(args):
 def _load(args):
     from .memory import ForgettableMemory
 
-    return ForgettableMemory.load(args.store, key=_signing_key(args))
+    return ForgettableMemory.load(args.store, key=_signing_key(args),
+                                  verify=getattr(args, "verify", "auto"))
+
+
+def _receipt_verify(args):
+    """The receipts' KKT level: fresh with ``--verify full``, else the memory's default."""
+    return "full" if getattr(args, "verify", "auto") == "full" else True
 
 
 def _text(value):
@@ -206,7 +221,8 @@ def _cmd_add(args):
 
 
 def _cmd_forget(args):
-    receipt = _mutate(args, lambda mem: mem.forget(args.record_id, audit=args.audit))
+    receipt = _mutate(args, lambda mem: mem.forget(args.record_id, audit=args.audit,
+                                                   verify=_receipt_verify(args)))
     _emit(receipt.to_dict(), True)
 
 
@@ -218,7 +234,8 @@ def _cmd_edit(args):
             kwargs["key"] = key
         if args.value is not None or args.value_json is not None:
             kwargs["value"] = _value_from(args)
-        return mem.edit(args.record_id, audit=args.audit, **kwargs)
+        return mem.edit(args.record_id, audit=args.audit, verify=_receipt_verify(args),
+                        **kwargs)
 
     _emit(_mutate(args, apply).to_dict(), True)
 
@@ -228,8 +245,11 @@ def _cmd_query(args):
     key = _key_from(args, mem)
     if key is None:
         raise ValueError("query needs --key or --text")
-    hits = mem.query(key, k=args.k, min_similarity=args.min_similarity)
-    if args.json:
+    _print_hits(mem.query(key, k=args.k, min_similarity=args.min_similarity), args.json)
+
+
+def _print_hits(hits, as_json):
+    if as_json:
         print(json.dumps([h._asdict() for h in hits], indent=2, ensure_ascii=False))
     elif not hits:
         print("no record")
@@ -237,6 +257,81 @@ def _cmd_query(args):
         for h in hits:
             print(f"{_text(h.record_id)}\tscore={h.score:.4f}\tweight={h.weight:.4f}\t"
                   f"{_text(h.value)}")
+
+
+def _cmd_serve(args):
+    from .memory.client import TOKEN_ENV, load_token
+    from .memory.server import serve
+
+    token = load_token(args.token_file)
+    if token is None:
+        raise ValueError(f"serve needs a bearer token: --token-file PATH or ${TOKEN_ENV} "
+                         "(e.g. made by: openssl rand -hex 32)")
+    serve(args.store, token=token, host=args.host, port=args.port,
+          signing_key=_signing_key(args), max_body_bytes=args.max_body_bytes,
+          max_value_bytes=args.max_value_bytes, encoder_threads=args.encoder_threads)
+
+
+def _client(args):
+    from .memory.client import TOKEN_ENV, Client, load_token
+
+    token = load_token(args.token_file)
+    if token is None:
+        raise ValueError(f"--server needs the server's token: --token-file PATH or ${TOKEN_ENV}")
+    return Client(args.server, token)
+
+
+def _remote_body(args, name):
+    """The key (--key parsed, or --text as text) and value options as a request body."""
+    body = {}
+    if getattr(args, "text", None) is not None:
+        body["text"] = args.text
+    elif getattr(args, "key", None) is not None:
+        body["key"] = _parse_key(args.key).tolist()
+    elif name in ("add", "query"):
+        raise ValueError(f"{name} needs --key or --text")
+    if getattr(args, "value", None) is not None or getattr(args, "value_json", None) is not None:
+        body["value"] = _value_from(args)
+    return body
+
+
+def _warn(out):
+    for message in out.pop("warnings", ()):
+        print(f"warning: {message}", file=sys.stderr)
+    return out
+
+
+def _cmd_remote(args):
+    """add, forget, edit, query, list and audit against a running ``memory serve``."""
+    client, cmd = _client(args), args.command
+    if cmd == "add":
+        if args.value is None and args.value_json is None:
+            raise ValueError("add needs --value or --value-json (--value-json null stores null)")
+        body = _remote_body(args, cmd)
+        if args.id is not None:
+            body["id"] = args.id
+        out = _warn(client.request("POST", "/records", body))
+        _emit({name: out[name] for name in ("record_id", "n_records", "evicted", "digest")},
+              args.json)
+    elif cmd in ("forget", "edit"):
+        path = "/records/" + urllib.parse.quote(args.record_id, safe="")
+        verify = "full" if getattr(args, "verify", "auto") == "full" else True
+        out = (client.request("DELETE", path, params={"audit": str(args.audit).lower(),
+                                                      "verify": str(verify).lower()})
+               if cmd == "forget" else
+               client.request("PATCH", path, {**_remote_body(args, cmd), "audit": args.audit,
+                                              "verify": verify}))
+        _emit(_warn(out), True)
+    elif cmd == "query":
+        body = _remote_body(args, cmd)
+        _print_hits(client.query(body.get("key"), k=args.k, min_similarity=args.min_similarity,
+                                 text=body.get("text")), args.json)
+    elif cmd == "list":
+        for rec in client.records():
+            print(f"{_text(rec['record_id'])}\t{_text(rec['value'])}")
+    else:
+        out = client.request("GET", "/audit")
+        _emit({name: out[name] for name in out if name not in ("signed", "time")}, args.json)
 
 
 def _cmd_list(args):
@@ -298,14 +393,28 @@ def _parser():
         epilog=GUARANTEES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = memory.add_subparsers(dest="command", required=True)
 
-    def command(name, func, help_text):
+    def command(name, func, help_text, remote=False):
         # no abbreviations: "--key" must never silently mean "--key-file"
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=GUARANTEES,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            allow_abbrev=False)
-        p.add_argument("store", help="path of the memory file")
+        p.add_argument("store", nargs="?" if remote else None,
+                       help="path of the memory file" + (" (not with --server)" if remote
+                                                         else ""))
+        if remote:
+            p.add_argument("--server", metavar="URL", help="talk to a running `svtoolkit "
+                           "memory serve` at URL (e.g. http://127.0.0.1:8765) instead of "
+                           "opening STORE")
+            p.add_argument("--token-file", metavar="PATH", help="with --server: file holding "
+                           "the server's bearer token (default: $SVTOOLKIT_MEMORY_TOKEN)")
         p.add_argument("--key-file", metavar="PATH",
                        help=f"file holding the signing key (default: ${KEY_ENV}, if set)")
+        p.add_argument("--verify", choices=("auto", "full", "maintained"), default="auto",
+                       help="checks of the loaded solver state: full (every gradient and "
+                       "the inverse recomputed from the keys; receipts fresh too), "
+                       "maintained (the maintained certificate and one fresh audit slice), "
+                       "auto (default: full unless the store is signed, its MAC verified "
+                       "with the key, and the full check is large)")
         p.set_defaults(func=func)
         return p
 
@@ -331,37 +440,54 @@ def _parser():
     p.add_argument("--text", action="store_true", help="keys are sentences (MiniLM encoder)")
     p.add_argument("--force", action="store_true", help="replace an existing file")
 
-    p = command("add", _cmd_add, "store a record (exact increment)")
+    p = command("add", _cmd_add, "store a record (exact increment)", remote=True)
     key_args(p)
     value_args(p)
     p.add_argument("--id", help="record id (default r0, r1, ...)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    p = command("forget", _cmd_forget, "delete a record exactly and print its receipt (JSON)")
+    p = command("forget", _cmd_forget, "delete a record exactly and print its receipt (JSON)",
+                remote=True)
     p.add_argument("record_id")
     p.add_argument("--audit", action="store_true",
                    help="also compare with a from-scratch solve of the remaining records")
 
-    p = command("edit", _cmd_edit, "change a record's key and/or value (exact remove-and-add)")
+    p = command("edit", _cmd_edit, "change a record's key and/or value (exact remove-and-add)",
+                remote=True)
     p.add_argument("record_id")
     key_args(p)
     value_args(p)
     p.add_argument("--audit", action="store_true")
 
-    p = command("query", _cmd_query, "the nearest records supporting a query")
+    p = command("query", _cmd_query, "the nearest records supporting a query", remote=True)
     key_args(p)
     p.add_argument("-k", type=int, default=1, help="number of answers (default 1)")
     p.add_argument("--min-similarity", type=float, help="override the store's threshold")
     p.add_argument("--json", action="store_true", help="print JSON (an empty list: no record)")
 
-    command("list", _cmd_list, "list the held records: JSON id, tab, JSON value, per line")
+    command("list", _cmd_list, "list the held records: JSON id, tab, JSON value, per line",
+                remote=True)
     command("sign", _cmd_sign, "sign an existing store with the key (HMAC-SHA256)")
     p = command("check-receipt", _cmd_check_receipt,
                 "check a receipt's MAC and that the store is not older than it")
     p.add_argument("receipt", help="the receipt as printed by forget/edit (JSON file, or -)")
 
-    p = command("audit", _cmd_audit, "verify the file and recompute the certificate")
+    p = command("audit", _cmd_audit, "verify the file and recompute the certificate", remote=True)
     p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("serve", _cmd_serve, "serve the store over HTTP: JSON API and audit page "
+                "(needs svtoolkit[serve]; see docs/memory_server.md)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: a free one)")
+    p.add_argument("--token-file", metavar="PATH", help="file holding the bearer token "
+                   "clients must send (default: $SVTOOLKIT_MEMORY_TOKEN; never on the "
+                   "command line)")
+    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024,
+                   help="largest request body (default 1 MiB)")
+    p.add_argument("--max-value-bytes", type=int, default=64 * 1024,
+                   help="largest value, bytes of JSON (default 64 KiB)")
+    p.add_argument("--encoder-threads", type=int, default=1,
+                   help="torch threads of the text encoder (text stores; default 1)")
     return parser
 
 
@@ -397,7 +523,15 @@ def main(argv=None):
     from .memory import BudgetExceededWarning, DurabilityWarning
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(_join_negative_keys(argv))
+    parser = _parser()
+    args = parser.parse_args(_join_negative_keys(argv))
+    if getattr(args, "server", None) is not None:
+        if args.store is not None or args.key_file is not None:
+            parser.error(f"memory {args.command} --server: give no STORE and no --key-file "
+                         "(the server holds the store and its key)")
+        args.func = _cmd_remote
+    elif getattr(args, "store", "") is None:
+        parser.error(f"memory {args.command}: the following arguments are required: store")
     with warnings.catch_warnings(record=True) as caught:
         for category in (BudgetExceededWarning, DurabilityWarning):
             warnings.simplefilter("always", category)

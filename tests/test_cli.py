@@ -216,7 +216,7 @@ def test_text_store_end_to_end(tmp_path, capsys):
     run(capsys, "add", path, "--text", "Alice's password is tulip-42.", "--value", "tulip-42",
         "--id", "alice_password")
     run(capsys, "add", path, "--text", "Bob lives in Lisbon.", "--value", "Lisbon", "--id", "bob")
-    assert run(capsys, "query", path, "--text", "Where does Bob live?")[1].startswith("bob\t")
+    assert run(capsys, "query", path, "--text", "Where does Bob live?")[1].startswith('"bob"\t')
     assert "tulip-42" in run(capsys, "query", path, "--text", "What is Alice's password?")[1]
     run(capsys, "forget", path, "alice_password")
     assert run(capsys, "query", path, "--text", "What is Alice's password?")[1].strip() == \

@@ -13,7 +13,9 @@ in the :class:`ForgettableMemory` docstring.
 Modules: ``_store`` (the memory, its operations and queries), ``_table`` (the record table and
 its incremental digest), ``_codec`` (values as canonical JSON), ``_format`` (the file format),
 ``_atomic`` (atomic replacement of a file, store locks), ``_signing`` (HMAC-SHA256 of files
-and receipts), ``_receipts`` (receipts, audit reports, add results), ``_errors``.
+and receipts), ``_receipts`` (receipts, audit reports, add and extend results), ``_audit`` (the
+rolling audit), ``_errors``; the local service: ``_service`` (state rules), ``server`` (HTTP),
+``client``.
 """
 
 from ._atomic import store_lock
@@ -26,14 +28,18 @@ from ._errors import (
     StaleStateError,
 )
 from ._format import FORMAT_VERSION, KKT_TOL, READABLE_VERSIONS
-from ._receipts import AddResult, AuditReport, DeletionReceipt, verify_receipt
+from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, verify_receipt
 from ._signing import MIN_KEY_BYTES
-from ._store import DEFAULT_MIN_SIMILARITY, ForgettableMemory, Hit
+from ._store import DEFAULT_MIN_SIMILARITY, FRESH_KKT_WORK, ForgettableMemory, Hit
+from .client import Client, ServerError
 
 __all__ = [
     "ForgettableMemory",
     "Hit",
+    "Client",
+    "ServerError",
     "AddResult",
+    "ExtendResult",
     "DeletionReceipt",
     "AuditReport",
     "verify_receipt",
@@ -49,4 +55,5 @@ __all__ = [
     "KKT_TOL",
     "MIN_KEY_BYTES",
     "DEFAULT_MIN_SIMILARITY",
+    "FRESH_KKT_WORK",
 ]

