@@ -68,48 +68,81 @@ def smo(Kp, C, tol, max_iter, alpha, grad):
     """
     n = alpha.shape[0]
     for it in range(max_iter):
-        i = -1
-        gmin = np.inf
-        gmax = -np.inf
-        for t in range(n):
-            g = grad[t]
-            if alpha[t] < C and g < gmin:
-                gmin = g
-                i = t
-            if alpha[t] > 0.0 and g > gmax:
-                gmax = g
-        if i < 0 or gmax - gmin <= tol:
+        i, gmin = _first_of_pair(n, alpha, grad, C, tol)
+        if i < 0:
             return it
         row = Kp[i]
-        j = -1
-        best = -1.0
-        for t in range(n):
-            if alpha[t] > 0.0 and grad[t] > gmin:
-                b = grad[t] - gmin
-                eta = -2.0 * row[t]
-                if eta < 1e-300:
-                    eta = 1e-300
-                v = b * b / eta
-                if v > best:
-                    best = v
-                    j = t
-        eta = -2.0 * row[j]
-        step = min(C - alpha[i], alpha[j])
-        if eta > 0.0:
-            step = min(step, (grad[j] - grad[i]) / (2.0 * eta))
+        j = _second_of_pair(n, row, alpha, grad, gmin)
+        step = _pair_step(i, j, row, alpha, grad, C)
         if step <= 0.0:
             return -1
-        alpha[i] += step
-        alpha[j] -= step
-        if alpha[j] < C * 1e-15:
-            alpha[j] = 0.0
-        if alpha[i] > C * (1.0 - 1e-15):
-            alpha[i] = C
-        other = Kp[j]
-        two = 2.0 * step
-        for t in range(n):
-            grad[t] += two * (row[t] - other[t])
+        _pair_gradients(n, grad, row, Kp[j], step)
     return -1
+
+
+@njit
+def _first_of_pair(n, alpha, grad, C, tol):
+    """(i, grad_i): the key that may gain mass with the smallest gradient; i = -1 once the
+    maximal violation ``max_{a_t > 0} g_t - min_{a_t < C} g_t`` is at most ``tol``."""
+    i = -1
+    gmin = np.inf
+    gmax = -np.inf
+    for t in range(n):
+        g = grad[t]
+        if alpha[t] < C and g < gmin:
+            gmin = g
+            i = t
+        if alpha[t] > 0.0 and g > gmax:
+            gmax = g
+    if i < 0 or gmax - gmin <= tol:
+        return -1, gmin
+    return i, gmin
+
+
+@njit
+def _second_of_pair(n, row, alpha, grad, gmin):
+    """j: the second-order choice (largest ``b^2 / eta``) among keys that may lose mass;
+    ``row`` is K'[i, :]."""
+    j = -1
+    best = -1.0
+    for t in range(n):
+        if alpha[t] > 0.0 and grad[t] > gmin:
+            b = grad[t] - gmin
+            eta = -2.0 * row[t]
+            if eta < 1e-300:
+                eta = 1e-300
+            v = b * b / eta
+            if v > best:
+                best = v
+                j = t
+    return j
+
+
+@njit
+def _pair_step(i, j, row, alpha, grad, C):
+    """Move the optimal mass t from j to i (clipped to the box, snapped to its ends); returns
+    t (nothing moves when t <= 0)."""
+    eta = -2.0 * row[j]
+    step = min(C - alpha[i], alpha[j])
+    if eta > 0.0:
+        step = min(step, (grad[j] - grad[i]) / (2.0 * eta))
+    if step <= 0.0:
+        return step
+    alpha[i] += step
+    alpha[j] -= step
+    if alpha[j] < C * 1e-15:
+        alpha[j] = 0.0
+    if alpha[i] > C * (1.0 - 1e-15):
+        alpha[i] = C
+    return step
+
+
+@njit
+def _pair_gradients(n, grad, row, other, step):
+    """grad += 2 t (K'[i, :] - K'[j, :]) after a step t from j to i."""
+    two = 2.0 * step
+    for t in range(n):
+        grad[t] += two * (row[t] - other[t])
 
 
 def feasible_start(n, C):
@@ -183,48 +216,17 @@ def smo_cached(Xt, n, inv_sigma2, C, tol, max_iter, alpha, grad, cols, slot_of, 
         Iterations used, or -1 when ``max_iter`` was reached or no step could be made.
     """
     for it in range(max_iter):
-        i = -1
-        gmin = np.inf
-        gmax = -np.inf
-        for t in range(n):
-            g = grad[t]
-            if alpha[t] < C and g < gmin:
-                gmin = g
-                i = t
-            if alpha[t] > 0.0 and g > gmax:
-                gmax = g
-        if i < 0 or gmax - gmin <= tol:
+        i, gmin = _first_of_pair(n, alpha, grad, C, tol)
+        if i < 0:
             return it
         row = cols[cached_column(Xt, n, inv_sigma2, i, cols, slot_of, key_of, stamp, 2 * it)]
-        j = -1
-        best = -1.0
-        for t in range(n):
-            if alpha[t] > 0.0 and grad[t] > gmin:
-                b = grad[t] - gmin
-                eta = -2.0 * row[t]
-                if eta < 1e-300:
-                    eta = 1e-300
-                v = b * b / eta
-                if v > best:
-                    best = v
-                    j = t
-        eta = -2.0 * row[j]
-        step = min(C - alpha[i], alpha[j])
-        if eta > 0.0:
-            step = min(step, (grad[j] - grad[i]) / (2.0 * eta))
+        j = _second_of_pair(n, row, alpha, grad, gmin)
+        step = _pair_step(i, j, row, alpha, grad, C)
         if step <= 0.0:
             return -1
-        alpha[i] += step
-        alpha[j] -= step
-        if alpha[j] < C * 1e-15:
-            alpha[j] = 0.0
-        if alpha[i] > C * (1.0 - 1e-15):
-            alpha[i] = C
         other = cols[cached_column(Xt, n, inv_sigma2, j, cols, slot_of, key_of, stamp,
                                    2 * it + 1)]
-        two = 2.0 * step
-        for t in range(n):
-            grad[t] += two * (row[t] - other[t])
+        _pair_gradients(n, grad, row, other, step)
     return -1
 
 
