@@ -105,21 +105,21 @@ PROTOCOLS = {
     "quick": dict(d_model=16, n_layers=1, n_heads=2, block=16, window=8, sinks=2, tc_chunk=4,
                   sv_chunk=8, steps=4, batch_size=4, lr=3e-3, lengths=(1, 2, 4),
                   eval_seeds=(0, 1), decode_tokens=4, val_windows=4, train_seed=0,
-                  sv_max_multiple=4, max_train_bytes=200_000),
+                  sv_max_multiple=4, sv_budget=4, max_train_bytes=200_000),
     "default": dict(d_model=128, n_layers=4, n_heads=4, block=256, window=128, sinks=4,
                     tc_chunk=32, sv_chunk=64, steps=150, batch_size=8, lr=2e-3,
                     lengths=(1, 2, 4, 8, 16, 32, 64), eval_seeds=(0, 1, 2, 3),
-                    decode_tokens=16, val_windows=16, train_seed=1337, sv_max_multiple=8,
-                    max_train_bytes=None),
+                    decode_tokens=16, val_windows=16, train_seed=1337, sv_max_multiple=64,
+                    sv_budget=64, max_train_bytes=None),
     "paper": dict(d_model=128, n_layers=4, n_heads=4, block=256, window=128, sinks=4,
                   tc_chunk=32, sv_chunk=64, steps=3000, batch_size=16, lr=1e-3,
                   lengths=(1, 2, 4, 8, 16, 32, 64), eval_seeds=(0, 1, 2, 3),
                   decode_tokens=32, val_windows=64, train_seed=1337, sv_max_multiple=64,
-                  max_train_bytes=None),
+                  sv_budget=64, max_train_bytes=None),
 }
 #: Protocol fields that only the evaluation reads (a training cell's key leaves them out, so
 #: changing them re-runs the streams, not the trainings).
-EVAL_FIELDS = ("lengths", "decode_tokens", "sv_max_multiple")
+EVAL_FIELDS = ("lengths", "decode_tokens", "sv_max_multiple", "sv_budget")
 
 #: Fixed for every scale: the optimiser of the toolkit's trainer and the SV gate settings.
 FIXED = dict(weight_decay=0.1, grad_clip=1.0, min_lr_ratio=0.1, warmup_fraction=0.05, C=0.25,
@@ -290,13 +290,13 @@ def train_cell(cell):
             "weights": path.name}
 
 
-def _stream(model, tokens, lengths, decode, memory, max_length):
+def _stream(model, tokens, lengths, decode, memory, max_length, sv_budget=None):
     """Stream ``tokens`` (1, N) and record NLL / state / memory / decode speed at each L."""
     import torch
     import torch.nn.functional as F
 
     block = model.block
-    state = model.init_state(1, max_length=max_length)
+    state = model.init_state(1, max_length=max_length, sv_budget=sv_budget)
     memory.start()
     nll_sum, pos, records = 0.0, 0, []
     sync = (lambda: torch.cuda.synchronize(tokens.device)) if tokens.is_cuda else (lambda: None)
@@ -312,6 +312,8 @@ def _stream(model, tokens, lengths, decode, memory, max_length):
             nll_sum += score(logits, pos)
             pos += size
         record = {"L": L, "nll": nll_sum / L, "state_bytes": state.nbytes()}
+        if sv_budget is not None:  # boundaries where the support alone exceeded the budget
+            record["sv_over_budget"] = sum(getattr(s, "over_budget", 0) for s in state.layers)
         sync()
         t0 = time.perf_counter()
         for _ in range(decode):
@@ -356,7 +358,9 @@ def eval_cell(cell):
         records = [_stream(model, tokens, [L], decode, memory, max_length=L)[0]
                    for L in lengths]
     else:
-        records = _stream(model, tokens, lengths, decode, memory, max_length=None)
+        budget = protocol["sv_budget"] if method == "sv_hybrid" else None
+        records = _stream(model, tokens, lengths, decode, memory, max_length=None,
+                          sv_budget=budget)
     for r in records:
         r["bpb"] = r["nll"] / math.log(2)
     return {"start": start, "records": records, "eval_s": time.perf_counter() - begin,
@@ -538,10 +542,11 @@ def main(argv=None):
     memory_line = eval_results[0]["memory_measure"] if eval_results else "-"
     data_line = (f"corpus file {args.corpus_file}" if args.corpus_file
                  else f"corpus '{corpus}' (svtoolkit.corpora)")
-    sv_line = (f"; SV hybrid streamed to L <= {protocol['sv_max_multiple'] * block} only (exact "
-               "fp64 gate, one solver increment per key)"
-               if "sv_hybrid" in args.methods and protocol["sv_max_multiple"]
-               < max(protocol["lengths"]) else "")
+    sv_line = ((f"; SV hybrid streamed with the exact fp64 gate under a certified-eviction "
+                f"budget of {protocol['sv_budget']} admitted keys per head"
+                + (f", to L <= {protocol['sv_max_multiple'] * block} only"
+                   if protocol["sv_max_multiple"] < max(protocol["lengths"]) else ""))
+               if "sv_hybrid" in args.methods else "")
     scale_line = (
         f"Scale '{scale}': TinyLM d_model {protocol['d_model']}, {protocol['n_layers']} "
         f"layers, {protocol['n_heads']} heads, block {block}, W = {protocol['window']} "

@@ -208,3 +208,26 @@ def test_generate_restores_training_mode_and_checks_arguments():
         model.generate(prompt, 2, top_k=0)
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
         model.generate(prompt, 2, generator=7)
+
+
+def test_sv_budget_bounds_the_exact_streams_and_is_refused_without_sv_layers():
+    """init_state(sv_budget=B) gives every SV layer a budgeted exact stream: the outputs up to
+    the first admission beyond B equal the unbudgeted stream, the admitted keys stay bounded
+    where reserve keys exist, and a model without SV layers refuses the option."""
+    model = _model("sv_hybrid")
+    idx = _tokens(B=1, T=30)
+    free, _ = _stream(model, idx, [30])
+    state = model.init_state(1, sv_budget=4)
+    budgeted, state = model.forward_with_state(idx, state)
+    layers = [s for s in state.layers if s is not None]
+    assert len(layers) == 2 and all(s.budget == 4 for s in layers)
+    # the first admission (t = 6) already exceeds the budget; a certified eviction changes no
+    # output until the next admission (t = 12)
+    assert _rel(budgeted[:, :12], free[:, :12]) <= STREAM_TOL
+    for s in layers:
+        summary = s.state_summary()
+        assert summary["evicted"] > 0
+        if summary["over_budget"] == 0:
+            assert summary["admitted"].max() <= 4
+    with pytest.raises(ValueError, match="sv_budget needs SV layers"):
+        _model("softmax").init_state(1, sv_budget=4)

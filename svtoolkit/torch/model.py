@@ -347,7 +347,7 @@ class TinyLM(nn.Module):
         return state
 
     # ------------------------------------------------------------------ streaming
-    def init_state(self, batch, *, max_length=None):
+    def init_state(self, batch, *, max_length=None, sv_budget=None):
         """An empty streaming state for ``batch`` sequences.
 
         Parameters
@@ -358,6 +358,10 @@ class TinyLM(nn.Module):
             stream uses NTK-aware scaling by ``max_length / block`` from its first token on
             (the same factor as ``forward`` over ``max_length`` tokens). With learned positions
             it may not exceed ``block``.
+        sv_budget : int, optional
+            Budget of the SV layers' exact streams (admitted keys per sequence and head above
+            which certified reserve keys are evicted; ``CausalSVAttention.init_state``). Other
+            layers have no budget; the model must have SV layers.
 
         Returns
         -------
@@ -371,8 +375,16 @@ class TinyLM(nn.Module):
                 raise ValueError(f"max_length {max_length} exceeds the block size {self.block} "
                                  "of learned positions")
             factor = self._ntk_factor(max_length)
-        return TinyLMState(layers=[None] * len(self.blocks), position=0, batch=batch,
-                           ntk_factor=factor)
+        layers = [None] * len(self.blocks)
+        if sv_budget is not None:
+            from .layers import CausalSVAttention
+
+            held = [i for i, b in enumerate(self.blocks) if isinstance(b.attn, CausalSVAttention)]
+            if not held:
+                raise ValueError("sv_budget needs SV layers; this model has none")
+            for i in held:
+                layers[i] = self.blocks[i].attn.init_state(batch, budget=sv_budget)
+        return TinyLMState(layers=layers, position=0, batch=batch, ntk_factor=factor)
 
     @torch.no_grad()
     def forward_with_state(self, idx, state=None):
