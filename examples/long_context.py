@@ -62,7 +62,6 @@ Run::
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import math
 import os
@@ -159,16 +158,26 @@ def load_splits(setting):
                    setting["protocol"]["max_train_bytes"])
 
 
-@functools.lru_cache(maxsize=2)
-def _splits(corpus_file, corpus, cap):
-    from svtoolkit import corpora
+#: (corpus_file, corpus, cap) -> splits, per process. A plain dict, not functools.lru_cache:
+#: worker processes receive this script's functions by value, and an lru_cache wrapper defined
+#: in ``__main__`` is pickled by reference to a name the workers do not have.
+_SPLITS = {}
 
-    if corpus_file:
-        return corpora.corpus_file_splits(corpus_file)
-    # the cap is on the training cut, which is the first 90 % of the bytes
-    data = corpora.load_corpus(corpus,
-                               max_bytes=None if cap is None else int(cap / 0.9))
-    return corpora.byte_splits(data)
+
+def _splits(corpus_file, corpus, cap):
+    key = (corpus_file, corpus, cap)
+    if key not in _SPLITS:
+        from svtoolkit import corpora
+
+        if corpus_file:
+            splits = corpora.corpus_file_splits(corpus_file)
+        else:  # the cap is on the training cut, which is the first 90 % of the bytes
+            data = corpora.load_corpus(corpus,
+                                       max_bytes=None if cap is None else int(cap / 0.9))
+            splits = corpora.byte_splits(data)
+        _SPLITS.clear()
+        _SPLITS[key] = splits
+    return _SPLITS[key]
 
 
 def batch_fn(train_bytes, block, batch_size, seed):
