@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ._rules import BATCHED_PARTITION_TOL, FEASIBILITY_TOL, FEASIBLE_FROM, RIDGE
-from ._validation import check_int, check_positive, check_real
+from ._validation import check_int, check_option, check_positive, check_real
 from .exact import IncrementalSVDD
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "check_iters",
     "check_partition_tol",
     "check_ridge",
-    "check_switch",
     "chunk_ends",
     "count_threshold",
     "dtype_name",
@@ -87,14 +86,6 @@ GATE_MODES = ("svdd", "uniform")
 GATE_UPDATES = ("chunk", "token")
 #: ``prefix_weighting=`` of the hybrid: multipliers ``a / C`` (default) or the raw ``a``.
 PREFIX_WEIGHTINGS = ("normalized", "raw")
-
-
-def check_switch(value, name, choices):
-    """An ablation switch: one of the strings ``choices`` (``ValueError`` otherwise)."""
-    if not isinstance(value, str) or value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -343,8 +334,8 @@ class ExactStream:
     def __init__(self, C, sigma, chunk, n_heads, batch_size, *, budget=None, gate="svdd",
                  prefix_weighting="normalized"):
         self.C, self.sigma, self.chunk = C, sigma, chunk
-        self.gate = check_switch(gate, "gate", GATE_MODES)
-        self.prefix_weighting = check_switch(prefix_weighting, "prefix_weighting",
+        self.gate = check_option(gate, "gate", GATE_MODES)
+        self.prefix_weighting = check_option(prefix_weighting, "prefix_weighting",
                                              PREFIX_WEIGHTINGS)
         self.batch_size = check_int(batch_size, "batch_size", min=1)
         if budget is not None:

@@ -130,8 +130,8 @@ def check_real(value, name, *, min=None, max=None, include_min=True, include_max
 def check_option(value, name, options):
     """``value`` if it is one of ``options`` (compared with ``==``), else ``ValueError``."""
     if not any(value == option and type(value) is type(option) for option in options):
-        listed = ", ".join(repr(o) for o in options[:-1]) + f" or {options[-1]!r}"
-        raise ValueError(f"{name} must be {listed}; got {value!r}")
+        listed = ", ".join(repr(o) for o in options)
+        raise ValueError(f"{name} must be one of {listed}; got {value!r}")
     return value
 
 

@@ -610,7 +610,7 @@ def test_fused_cpu_kernel_equals_the_tensor_path(gaussian_problems, dtype, resta
     tol = 1e-12 if dtype == "float64" else TOLERANCES["float32"]["padded"]
     np.testing.assert_allclose(fused.numpy(), tensor.numpy(), rtol=0, atol=tol)
     assert torch.all(fused[~mt] == 0)
-    with pytest.raises(ValueError, match="backend must be 'auto', 'numba' or 'torch'"):
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'numba', 'torch'"):
         st.fista_svdd(Kt, C_SHARED, mask=mt, backend="cuda")
 
 

@@ -76,7 +76,7 @@ def test_feasibility_slack_covers_the_rounding_of_one_over_n():
      r"tol must be finite and in \[0.0, 0.5\); got 0.5"),
     (lambda: check_positive(0, "C"), ValueError, "C must be finite and > 0; got 0.0"),
     (lambda: check_option("gpu", "backend", ("auto", "torch")), ValueError,
-     "backend must be 'auto' or 'torch'; got 'gpu'"),
+     "backend must be one of 'auto', 'torch'; got 'gpu'"),
 ])
 def test_validators_name_the_argument_and_the_constraint(call, error, message):
     with pytest.raises(error, match=message):

@@ -43,11 +43,10 @@ from .._gate_core import (
     PREFIX_WEIGHTINGS,
     ExactStream,
     GateOptions,
-    check_switch,
     dtype_name,
     unsupported_dtype,
 )
-from .._validation import check_int
+from .._validation import check_int, check_option
 from .ops import (
     MLXSVGate,
     as_numpy64,
@@ -111,8 +110,8 @@ class CausalSVAttention(nn.Module):
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
                  ridge=1e-3, gate="svdd", gate_update="chunk", head_dim=None, bias=False):
         super().__init__()
-        self.gate_mode = check_switch(gate, "gate", GATE_MODES)
-        self.gate_update = check_switch(gate_update, "gate_update", GATE_UPDATES)
+        self.gate_mode = check_option(gate, "gate", GATE_MODES)
+        self.gate_update = check_option(gate_update, "gate_update", GATE_UPDATES)
         check_int(d_model, "d_model", min=1)
         check_int(n_heads, "n_heads", min=1)
         if head_dim is None:
@@ -262,7 +261,7 @@ class HybridSVAttention(CausalSVAttention):
     hybrid = True
 
     def __init__(self, d_model, n_heads, *, prefix_weighting="normalized", **options):
-        prefix_weighting = check_switch(prefix_weighting, "prefix_weighting",
+        prefix_weighting = check_option(prefix_weighting, "prefix_weighting",
                                         PREFIX_WEIGHTINGS)
         super().__init__(d_model, n_heads, **options)
         self.prefix_weighting = prefix_weighting

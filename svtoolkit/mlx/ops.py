@@ -28,11 +28,11 @@ from .._gate_core import (
     GateOptions,
     GateResult,
     bad_exclude,
-    check_switch,
     chunk_ends,
     exact_prefix_gates,
     warmup_size,
 )
+from .._validation import check_option
 from .._rules import BATCHED_PARTITION_TOL, RIDGE
 from .batched import fista_svdd, partition_masks, ridged_svdd_solve
 
@@ -95,7 +95,7 @@ class MLXSVGate(GateResult):
     def multipliers(self, weighting="normalized"):
         """(B, H, J, P): ``max(a / C, 0)`` (``weighting="raw"``: ``max(a, 0)``) where gated,
         1 where not, 0 beyond each prefix."""
-        check_switch(weighting, "weighting", PREFIX_WEIGHTINGS)
+        check_option(weighting, "weighting", PREFIX_WEIGHTINGS)
         B, H, J, P = self.alpha.shape
         inside = (mx.arange(P)[None, :] < mx.array(self.ends)[:, None]).astype(self.alpha.dtype)
         ones = mx.broadcast_to(inside, (B, H, J, P))

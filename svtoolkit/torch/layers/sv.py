@@ -53,10 +53,9 @@ from ..._gate_core import (
     PREFIX_WEIGHTINGS,
     ExactStream,
     GateOptions,
-    check_switch,
     unsupported_dtype,
 )
-from ..._validation import check_int
+from ..._validation import check_int, check_option
 from ..ops.chunked_sv import (
     exact_sv_gate,
     sv_gate,
@@ -116,8 +115,8 @@ class CausalSVAttention(HeadsAttention):
 
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
                  ridge=1e-3, gate="svdd", gate_update="chunk", **options):
-        gate = check_switch(gate, "gate", GATE_MODES)
-        gate_update = check_switch(gate_update, "gate_update", GATE_UPDATES)
+        gate = check_option(gate, "gate", GATE_MODES)
+        gate_update = check_option(gate_update, "gate_update", GATE_UPDATES)
         super().__init__(d_model, n_heads, **options)
         gate_options = GateOptions(
             C=C, sigma=math.sqrt(2.0 * self.head_dim) if sigma is None else sigma, chunk=chunk,
@@ -223,7 +222,7 @@ class HybridSVAttention(CausalSVAttention):
     hybrid = True
 
     def __init__(self, d_model, n_heads, *, prefix_weighting="normalized", **options):
-        prefix_weighting = check_switch(prefix_weighting, "prefix_weighting",
+        prefix_weighting = check_option(prefix_weighting, "prefix_weighting",
                                         PREFIX_WEIGHTINGS)
         super().__init__(d_model, n_heads, **options)
         self.prefix_weighting = prefix_weighting

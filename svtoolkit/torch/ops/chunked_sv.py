@@ -57,11 +57,11 @@ from ..._gate_core import (
     GateOptions,
     GateResult,
     bad_exclude,
-    check_switch,
     chunk_ends,
     exact_prefix_gates,
     warmup_size,
 )
+from ..._validation import check_option
 from ..._rules import BATCHED_PARTITION_TOL, POWER_ITERS, RIDGE
 from ..batched import fista_svdd, partition_masks, ridged_svdd_solve
 
@@ -101,7 +101,7 @@ class SVGate(GateResult):
         ``weighting="raw"`` gives the raw coefficients ``a`` where gated instead (they sum to
         1 over each prefix; ungated boundaries stay at 1).
         """
-        check_switch(weighting, "weighting", PREFIX_WEIGHTINGS)
+        check_option(weighting, "weighting", PREFIX_WEIGHTINGS)
         B, H, J, P = self.alpha.shape
         inside = torch.arange(P, device=self.alpha.device)[None, :] < torch.tensor(
             self.ends, device=self.alpha.device
