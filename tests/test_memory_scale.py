@@ -29,7 +29,7 @@ from svtoolkit.memory import (
     MemoryFileError,
     verify_receipt,
 )
-from svtoolkit.memory._audit import RollingAudit
+from svtoolkit.memory._audit import AUDIT_PERIOD, RollingAudit, schedule
 from svtoolkit.memory._codec import non_canonical_values
 from svtoolkit.memory._table import RecordTable, record_leaf
 
@@ -192,16 +192,19 @@ def test_load_refuses_an_unknown_verification_level(tmp_path):
 
 def test_receipts_say_which_checks_were_fresh(large):
     mem, _ = built(8, signing_key=KEY)
-    receipt = mem.forget("k3")
+    stride = schedule(120, len(mem.partition()["margin"]))[0]  # the slice after extend set it
+    receipts = [mem.forget(f"k{i}") for i in range(3, 3 + stride)]
+    receipt = receipts[-1]
+    assert [r.rolling_audit for r in receipts[:-1]] == [None] * (stride - 1)
     assert receipt.kkt_source == "maintained"
     assert receipt.kkt_residual == pytest.approx(mem._solver.kkt_residual(), abs=1e-12)
     checks = receipt.rolling_audit
-    assert checks["gradients_checked"] == 8 and checks["grad_drift"] < 1e-12
+    assert checks["gradients_checked"] == len(mem) and checks["grad_drift"] < 1e-12
     assert checks["inverse_columns_checked"] >= 1 and checks["repaired"] is False
-    assert mem.forget("k4", verify="full").kkt_source == "fresh"
-    edit = mem.edit("k5", value="new")
+    assert mem.forget("k100", verify="full").kkt_source == "fresh"
+    edit = mem.edit("k101", value="new")
     assert (edit.kkt_source, edit.rolling_audit) == ("cached fresh", None)
-    assert mem.forget("k6", verify=False).kkt_source is None
+    assert mem.forget("k102", verify=False).kkt_source is None
     # the MAC covers the new fields
     forged = dict(receipt.to_dict(), kkt_source="fresh")
     assert verify_receipt(receipt.to_dict(), KEY) and not verify_receipt(forged, KEY)
@@ -226,6 +229,26 @@ def test_small_memories_keep_fresh_receipts_and_loads(tmp_path):
 
 
 # ------------------------------------------------------------------ rolling audit
+@pytest.mark.parametrize("n, m", [(0, 0), (1, 0), (10, 3), (150, 40), (2000, 300),
+                                  (10**5, 2000), (10**6, 5)])
+def test_the_schedule_covers_every_key_and_column_within_one_period(n, m):
+    stride, keys, columns = schedule(n, m)
+    slices = AUDIT_PERIOD // stride
+    assert 1 <= stride and stride * slices <= AUDIT_PERIOD
+    assert keys * slices >= n and keys <= max(n, 0)
+    assert columns * slices >= (m + 1 if m else 0) and columns <= (m + 1 if m else 0)
+
+
+def test_small_memories_take_a_slice_every_stride_operations_and_large_ones_every_one():
+    assert schedule(2000, 300)[:2] == (31, 64)  # 32 slices of 64 keys in 992 operations
+    assert schedule(10**5, 2000) == (1, 100, 4)
+    mem, _ = built(10, n=150)
+    stride = schedule(150, len(mem.partition()["margin"]))[0]
+    rolling, solver = RollingAudit(), mem._solver
+    due = [rolling.step(solver, repair=False) is not None for _ in range(3 * stride)]
+    assert due == ([True] + [False] * (stride - 1)) * 3
+
+
 def test_a_full_cycle_of_the_rolling_audit_measures_what_the_full_audit_measures():
     mem, _ = built(11, n=150)
     solver = mem._solver
@@ -233,9 +256,11 @@ def test_a_full_cycle_of_the_rolling_audit_measures_what_the_full_audit_measures
     solver._grad[slot] += 3e-7
     solver._R[1, 1] += 2e-6
     full = solver.consistency(margin_rows=False)
-    rolling, slices = RollingAudit(), []
-    for _ in range(-(-len(solver) // 8) + -(-(len(solver.margin_ids) + 1) // 4)):
-        slices.append(rolling.step(solver, repair=False))
+    _, keys, columns = schedule(len(solver), len(solver.margin_ids))
+    rolling = RollingAudit()
+    slices = [rolling.slice(solver, repair=False)
+              for _ in range(-(-len(solver) // keys) + -(-(len(solver.margin_ids) + 1)
+                                                         // columns))]
     assert max(s["grad_drift"] for s in slices) == pytest.approx(full.grad_drift, rel=1e-9)
     assert max(s["inverse_residual"] for s in slices) == pytest.approx(full.inverse_residual,
                                                                         rel=1e-6)
@@ -247,9 +272,13 @@ def test_the_rolling_audit_repairs_drift_within_one_cycle():
     victim = int(solver.reserve_ids[-1])
     solver._grad[solver._slot_of[victim]] += 1e-6
     assert solver.copy().audit().refactorized  # what the full audit would find
-    reserve = [r for r in mem.partition()["reserve"] if r != f"k{victim}"]
-    repaired = [mem.forget(r).rolling_audit["repaired"] for r in reserve[:14]]
-    assert any(repaired) and repaired.count(True) == 1
+    stride, keys, _ = schedule(len(solver), len(solver.margin_ids))
+    before = solver.n_refactorizations
+    rng = np.random.default_rng(12)
+    for j in range(stride * -(-len(solver) // keys) // 2 + 1):  # add + forget: 2 operations
+        mem.add(rng.standard_normal(3), j, record_id=f"s{j}")
+        mem.forget(f"s{j}")
+    assert solver.n_refactorizations == before + 1
     assert solver.consistency().grad_drift < 1e-10
 
 
@@ -272,10 +301,13 @@ def test_the_audit_cursor_survives_save_and_load(tmp_path):
         mem.forget(r)
     mem.save(tmp_path / "m.svtk")
     loaded = ForgettableMemory.load(tmp_path / "m.svtk")
-    assert loaded._rolling.cursor() == mem._rolling.cursor() != [0, 0]
-    _rewrite(tmp_path / "m.svtk", lambda h, b: h.update(audit_cursor=[1, -2]))
-    with pytest.raises(MemoryFileError, match="audit_cursor must be two integers"):
-        ForgettableMemory.load(tmp_path / "m.svtk")
+    assert loaded._rolling.cursor() == mem._rolling.cursor() != [0, 0, 0]
+    _rewrite(tmp_path / "m.svtk", lambda h, b: h.update(audit_cursor=[4, 1]))  # older file
+    assert ForgettableMemory.load(tmp_path / "m.svtk")._rolling.cursor() == [4, 1, 0]
+    for bad in ([1, -2], [1, 2, 3, 4], [1, True, 0]):
+        _rewrite(tmp_path / "m.svtk", lambda h, b, bad=bad: h.update(audit_cursor=bad))
+        with pytest.raises(MemoryFileError, match=r"audit_cursor must be \[next id"):
+            ForgettableMemory.load(tmp_path / "m.svtk")
 
 
 # ------------------------------------------------------------------ bulk checks at load

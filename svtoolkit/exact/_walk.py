@@ -929,14 +929,19 @@ def _support(Xt, alpha, n, anchor):
     for j in range(n):
         if alpha[j] != 0.0 and j != anchor:
             count += 1
-    keys = np.empty((Xt.shape[0], count))
+    chosen = np.empty(count, dtype=np.int64)
     coef = np.empty(count)
     q = 0
     for j in range(n):
         if alpha[j] != 0.0 and j != anchor:
-            keys[:, q] = Xt[:, j]
+            chosen[q] = j
             coef[q] = alpha[j]
             q += 1
+    # row by row: Xt is (d, capacity), so a column gather would stride by the capacity
+    keys = np.empty((Xt.shape[0], count))
+    for k in range(Xt.shape[0]):
+        for q in range(count):
+            keys[k, q] = Xt[k, chosen[q]]
     return keys, coef
 
 

@@ -1,16 +1,21 @@
-"""The rolling audit: the solver's maintained quantities checked fresh, a slice per operation.
+"""The rolling audit: the solver's maintained quantities checked fresh, in slices.
 
 The exact walk maintains the gradients of every key and the inverse of the bordered margin
 system; later deletions build on them. :meth:`IncrementalSVDD.audit` compares all of them with
 a fresh evaluation from the keys at once (O(n |support| d + m^3)), which at 10^5 records is
-seconds for one operation. A memory runs the same comparison in slices instead: after every
-operation that changed the solver it recomputes the gradients of the next
-``max(MIN_KEYS, ceil(n / AUDIT_PERIOD))`` keys in solver-id order (a cursor that wraps) and
-multiplies the next ``max(MIN_COLUMNS, ceil((m + 1) / AUDIT_PERIOD))`` columns of the bordered
-system by the maintained inverse. A slice whose drift exceeds the solver's own audit
-thresholds triggers the full audit, which refactorises (the repair a periodic audit would
-make). Solver ids never move, so a key held for ``AUDIT_PERIOD`` operations has had its
-maintained gradient compared with a fresh one at least once in them.
+seconds for one operation. A memory runs the same comparison in slices instead, one every
+``stride`` operations that changed the solver: a slice recomputes the gradients of the next
+``ceil(n / P)`` keys (at least ``MIN_KEYS``) in solver-id order (a cursor that wraps) and
+multiplies the next ``ceil((m + 1) / P)`` columns (at least ``MIN_COLUMNS``) of the bordered
+system by the maintained inverse, where ``P = AUDIT_PERIOD // stride`` slices fall in one
+period. Large memories (n >= ``MIN_KEYS * AUDIT_PERIOD``) take a slice after every operation;
+smaller ones take a slice of ``MIN_KEYS`` keys every ``stride`` operations (at most
+``MAX_STRIDE``), so the fixed cost of a slice (gathering the support, the Python calls) is
+spread over the operations instead of paid by each. Either way a key held for
+``AUDIT_PERIOD`` operations has had its maintained gradient compared with a fresh one at least
+once in them (solver ids never move; a memory that grows meanwhile stretches the cycle by the
+keys it added). A slice whose drift exceeds the solver's own audit thresholds triggers the full
+audit, which refactorises (the repair a periodic audit would make).
 """
 
 from __future__ import annotations
@@ -19,15 +24,31 @@ import numpy as np
 
 from ..exact.solver import AUDIT_GRAD_TOL, AUDIT_INVERSE_TOL
 
-__all__ = ["AUDIT_PERIOD", "RollingAudit"]
+__all__ = ["AUDIT_PERIOD", "RollingAudit", "schedule"]
 
 #: Every maintained gradient (and inverse column) is compared with a fresh evaluation at least
 #: once per this many solver-changing operations - the period of the solver's own audit.
 AUDIT_PERIOD = 1000
-#: Fewest keys (bordered-system columns) one slice checks, so small memories cycle within a
-#: few hundred operations (a slice's cost is then still a few kernel rows).
-MIN_KEYS = 8
+#: Fewest keys (bordered-system columns) one slice checks: below this a slice's fixed cost
+#: (gathering the support once, the calls) outweighs its kernel rows.
+MIN_KEYS = 64
 MIN_COLUMNS = 4
+#: Most operations between two slices, so a small memory still cycles within ~100 operations.
+MAX_STRIDE = 64
+
+
+def schedule(n, m):
+    """``(stride, keys, columns)`` of the rolling audit for n keys and m margin keys.
+
+    One slice every ``stride`` solver-changing operations checks ``keys`` gradients and
+    ``columns`` columns of the (m + 1)-square bordered system, so every key and column is
+    checked within ``AUDIT_PERIOD`` operations.
+    """
+    stride = min(MAX_STRIDE, max(1, AUDIT_PERIOD // max(1, -(-n // MIN_KEYS))))
+    slices = AUDIT_PERIOD // stride
+    keys = min(n, max(MIN_KEYS, -(-n // slices)))
+    columns = min(m + 1, max(MIN_COLUMNS, -(-(m + 1) // slices))) if m else 0
+    return stride, keys, columns
 
 
 def _largest(values):
@@ -39,24 +60,27 @@ def _largest(values):
 
 
 class RollingAudit:
-    """Cursor of the rolling audit (next solver id, next bordered-system column).
+    """Cursor of the rolling audit (next solver id, next bordered-system column, countdown).
 
     Parameters
     ----------
     next_id, next_column : int, default 0
         Where the next slice starts (restored from a memory file).
+    wait : int, default 0
+        Solver-changing operations still to pass before the next slice (0: the next one).
     """
 
-    def __init__(self, next_id=0, next_column=0):
+    def __init__(self, next_id=0, next_column=0, wait=0):
         self.next_id = int(next_id)
         self.next_column = int(next_column)
+        self.wait = int(wait)
 
     def cursor(self):
-        """``[next_id, next_column]`` (saved with the memory)."""
-        return [self.next_id, self.next_column]
+        """``[next_id, next_column, wait]`` (saved with the memory)."""
+        return [self.next_id, self.next_column, self.wait]
 
     def step(self, solver, repair=True):
-        """Check one slice of ``solver``'s maintained state; run the full audit on drift.
+        """Count one solver-changing operation; run a slice when one is due.
 
         Parameters
         ----------
@@ -67,12 +91,22 @@ class RollingAudit:
 
         Returns
         -------
-        dict
-            ``gradients_checked``, ``grad_drift``, ``inverse_columns_checked``,
-            ``inverse_residual``, ``repaired`` (see :class:`DeletionReceipt`).
+        dict or None
+            None when no slice was due; else ``gradients_checked``, ``grad_drift``,
+            ``inverse_columns_checked``, ``inverse_residual``, ``repaired`` (see
+            :class:`DeletionReceipt`).
         """
-        keys, drift = self._gradients(solver)
-        columns, inverse = self._inverse(solver)
+        if self.wait > 0:
+            self.wait -= 1
+            return None
+        return self.slice(solver, repair)
+
+    def slice(self, solver, repair=True):
+        """Check the next slice of ``solver``'s maintained state now (see :meth:`step`)."""
+        stride, n_keys, n_columns = schedule(len(solver), solver._m)
+        self.wait = stride - 1
+        keys, drift = self._gradients(solver, n_keys)
+        columns, inverse = self._inverse(solver, n_columns)
         repaired = repair and not (drift <= AUDIT_GRAD_TOL and inverse <= AUDIT_INVERSE_TOL)
         if repaired:
             solver.audit()  # refactorises: the repair the solver's periodic audit makes
@@ -80,13 +114,12 @@ class RollingAudit:
                 "inverse_columns_checked": columns, "inverse_residual": inverse,
                 "repaired": repaired}
 
-    def _gradients(self, solver):
-        """Fresh gradients of the next keys in id order against the maintained ones."""
+    def _gradients(self, solver, k):
+        """Fresh gradients of the next k keys in id order against the maintained ones."""
         ids = solver.ids
         n = ids.shape[0]
         if n == 0:
             return 0, 0.0
-        k = min(n, max(MIN_KEYS, -(-n // AUDIT_PERIOD)))
         start = int(np.searchsorted(ids, self.next_id))
         chosen = ids[(start + np.arange(k)) % n]
         self.next_id = int(ids[(start + k) % n]) if k < n else int(chosen[0])
@@ -96,13 +129,12 @@ class RollingAudit:
         fresh = solver.decision_function(solver._Xt[:, slots].T)
         return k, _largest(solver._grad[slots] - fresh)
 
-    def _inverse(self, solver):
-        """Columns of R M - I for the maintained inverse R and the bordered system M."""
+    def _inverse(self, solver, k):
+        """The next k columns of R M - I (maintained inverse R, bordered system M)."""
         m = solver._m
         if m == 0:
             return 0, 0.0
         size = m + 1
-        k = min(size, max(MIN_COLUMNS, -(-size // AUDIT_PERIOD)))
         cols = (self.next_column + np.arange(k)) % size
         self.next_column = int((self.next_column + k) % size)
         S = solver._S[:m]

@@ -71,7 +71,8 @@ class FileContents:
         :meth:`IncrementalSVDD.state_dict` as saved (arrays and scalars).
     audit_cursor : tuple of int
         Where the memory's rolling audit resumes (next solver id, next bordered-system
-        column); ``(0, 0)`` for files written before it existed.
+        column, operations before its next slice); ``(0, 0)`` for files written before it
+        existed.
     """
 
     version: int
@@ -102,8 +103,9 @@ def serialize(solver_state, *, config, metadata_text, records, tombstones, next_
     tombstones : list of [str, str, float]
     next_auto, revision : int
     digest : str
-    audit_cursor : sequence of two int, default (0, 0)
-        The rolling audit's cursor (next solver id, next bordered-system column).
+    audit_cursor : sequence of two or three int, default (0, 0)
+        The rolling audit's cursor (next solver id, next bordered-system column, operations
+        before its next slice).
     key : bytes, optional
         Signing key: the last chunk is then the HMAC-SHA256 of all the others.
 
@@ -230,11 +232,13 @@ def parse_file(data, key=None):
 
 
 def _parse_cursor(header):
-    """The rolling audit's cursor: two integers >= 0 (absent in older files: start over)."""
-    cursor = header.get("audit_cursor", [0, 0])
-    if not isinstance(cursor, list) or len(cursor) != 2 or any(
+    """The rolling audit's cursor: two or three integers >= 0 (absent in older files: start
+    over; files that predate the countdown hold two)."""
+    cursor = header.get("audit_cursor", [0, 0, 0])
+    if not isinstance(cursor, list) or len(cursor) not in (2, 3) or any(
             isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in cursor):
-        raise MemoryFileError(f"audit_cursor must be two integers >= 0; got {cursor!r}")
+        raise MemoryFileError("audit_cursor must be [next id, next column] or [next id, next "
+                              f"column, operations to wait], integers >= 0; got {cursor!r}")
     return tuple(cursor)
 
 

@@ -64,8 +64,9 @@ class DeletionReceipt:
         ``grad_drift``, ``inverse_columns_checked`` columns of the bordered margin system
         multiplied by the maintained inverse, their largest deviation from the identity
         ``inverse_residual``, and ``repaired`` (a drift above the solver's audit thresholds
-        triggered a full audit and refactorisation). None when the operation did not change
-        the solver (a value-only edit).
+        triggered a full audit and refactorisation). None when no slice fell on this
+        operation (a small memory takes one every few operations) or it did not change the
+        solver (a value-only edit).
     """
 
     operation: str
