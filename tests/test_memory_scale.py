@@ -96,7 +96,7 @@ def test_extend_is_one_solver_call_and_equals_one_add_per_record(monkeypatch):
     assert mem._solver.kkt_residual() < 1e-12
     # the bulk table insert hashes what one insert per record hashes
     table = RecordTable()
-    for i, (sid, x) in enumerate(zip(mem._solver.ids, X)):
+    for i, (sid, x) in enumerate(zip(mem._solver.ids, X, strict=True)):
         table.insert(int(sid), x, f"r{i}", str(i), record_leaf(f"r{i}", x, str(i)))
     assert table.records_root() == mem._table.records_root()
 

