@@ -290,7 +290,7 @@ def large_table(rows):
 
 def build_table(rows):
     lines = [
-        "| n | sigma / median | \|S\| | extend (bulk) s | sklearn fit s | extend / sklearn "
+        r"| n | sigma / median | \|S\| | extend (bulk) s | sklearn fit s | extend / sklearn "
         "| walked extend s | delete ms | sklearn refit / delete | KKT |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]

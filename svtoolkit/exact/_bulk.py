@@ -53,6 +53,25 @@ def shifted_gram(Xt, n, inv_sigma2):
 
 
 @njit
+def bordered_margin_matrix(rows, order):
+    """M' = [[0, 1^T], [1, 2 K'_SS]] for the margin keys ``order`` (rows[p] = K'[order[p], :]).
+
+    Gathered within each contiguous row (a column gather ``rows[:, order]`` in NumPy costs 20x
+    more at 2,048 margin keys)."""
+    m = order.shape[0]
+    M = np.empty((m + 1, m + 1))
+    M[0, 0] = 0.0
+    for p in range(m):
+        M[0, p + 1] = 1.0
+        M[p + 1, 0] = 1.0
+        row = rows[p]
+        out = M[p + 1]
+        for q in range(m):
+            out[q + 1] = 2.0 * row[order[q]]
+    return M
+
+
+@njit
 def smo(Kp, C, tol, max_iter, alpha, grad):
     """SMO on ``min a^T K' a`` s.t. ``sum(a) = 1, 0 <= a <= C``, in place.
 

@@ -663,9 +663,7 @@ class IncrementalSVDD:
         would see for k, so passing it means the walk would have admitted every key.
         """
         m = len(order)
-        M = np.zeros((m + 1, m + 1))
-        M[0, 1:] = M[1:, 0] = 1.0
-        M[1:, 1:] = 2.0 * rows[:, order]
+        M = B.bordered_margin_matrix(rows, np.ascontiguousarray(order, dtype=np.int64))
         try:
             R = np.linalg.inv(M)
         except np.linalg.LinAlgError:
