@@ -21,7 +21,7 @@ of the same keys and, at n = 512, against the walk replaying the keys one at a t
 median exact deletion against a scikit-learn refit. The bulk build's partition and coefficients
 are checked against the walked build where it is timed (n = 512).
 
-A third table, **large bulk builds**: n = 10^5 Gaussian keys in d = 16 (sigma = median
+A third table, **large bulk builds**: n = 10^5 Gaussian keys in d = 16 and 6 (sigma = median
 distance of the first 1,000, nu = 0.3) with C = 1 / (nu n0) for n0 = n (about 30 % of the keys
 carry weight) and n0 = 1,000 (about 300 do): ``extend`` into an empty solver takes the Gram-free
 bulk path (SMO with a kernel-column cache from a subsample's partition, then the exact landing,
@@ -33,7 +33,7 @@ JIT compilation is excluded (svtoolkit.warmup() and one untimed call of each pee
 
 Usage: python benchmarks/exact_solver.py [--sizes 120 256 512 1024] [--deletions 45]
        [--refits 10] [--build-sizes 512 2048] [--build-runs 3] [--large-n 100000]
-       [--large-runs 3] [--large-sklearn-runs 1] [--large-sklearn-n0 1000]
+       [--large-d 16 6] [--large-runs 3] [--large-sklearn-runs 1] [--large-sklearn-n0 1000]
 Writes benchmarks/results/exact_solver.json and exact_solver.md.
 """
 
@@ -220,7 +220,7 @@ def run_build(n, scale, runs, seed):
     return row
 
 
-LARGE_D = 16
+LARGE_D = (16, 6)
 LARGE_NU = 0.3
 
 
@@ -235,10 +235,10 @@ def _traced_build(X, C, sigma):
         tracemalloc.stop()
 
 
-def run_large(n, n0, runs, sklearn_runs, seed):
+def run_large(n, n0, d, runs, sklearn_runs, seed):
     """One row of the large-build table (see the module docstring)."""
     rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, LARGE_D))
+    X = rng.standard_normal((n, d))
     sigma = median_distance(X[:1000])
     C = 1.0 / (LARGE_NU * n0)
     builds, peaks = [], []
@@ -246,7 +246,7 @@ def run_large(n, n0, runs, sklearn_runs, seed):
         (solver, peak), dt = timed(_traced_build, X, C, sigma)
         builds.append(dt)
         peaks.append(peak)
-    row = {"n": n, "d": LARGE_D, "n0": n0, "nu": LARGE_NU, "C": C, "sigma": sigma,
+    row = {"n": n, "d": d, "n0": n0, "nu": LARGE_NU, "C": C, "sigma": sigma,
            "bulk_built": solver.n_bulk_builds == 1,
            "partition": {"margin": len(solver.margin_ids), "error": len(solver.error_ids),
                          "reserve": len(solver.reserve_ids)},
@@ -348,6 +348,7 @@ def main(argv=None):
     parser.add_argument("--build-sizes", type=int, nargs="*", default=[512, 2048])
     parser.add_argument("--build-runs", type=int, default=3)
     parser.add_argument("--large-n", type=int, nargs="*", default=[100_000])
+    parser.add_argument("--large-d", type=int, nargs="*", default=list(LARGE_D))
     parser.add_argument("--large-runs", type=int, default=3)
     parser.add_argument("--large-sklearn-runs", type=int, default=1)
     parser.add_argument("--large-sklearn-n0", type=int, nargs="*", default=[1000],
@@ -375,12 +376,13 @@ def main(argv=None):
                   f"{r['sklearn_refit_over_delete']:.1f}x", flush=True)
     large = []
     for n in args.large_n:
-        for n0 in (n, 1000):
-            fits = args.large_sklearn_runs if n0 in args.large_sklearn_n0 else 0
-            r = run_large(n, n0, args.large_runs, fits, seed=n + n0)
-            large.append(r)
-            print(f"n={n} n0={n0}: extend {r['extend']['median']:.1f} s, "
-                  f"KKT {r['kkt_residual']:.1e}", flush=True)
+        for d in args.large_d:
+            for n0 in (n, 1000):
+                fits = args.large_sklearn_runs if n0 in args.large_sklearn_n0 else 0
+                r = run_large(n, n0, d, args.large_runs, fits, seed=n + n0)
+                large.append(r)
+                print(f"n={n} d={d} n0={n0}: extend {r['extend']['median']:.1f} s, "
+                      f"KKT {r['kkt_residual']:.1e}", flush=True)
     payload = {"benchmark": "exact_solver", "machine": machine_info(),
                "load_average_1_5_15min": {"start": load_before, "end": os.getloadavg()},
                "setup": {"d": D, "nu": NU, "sigma": "median pairwise distance",
