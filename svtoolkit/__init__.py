@@ -22,22 +22,35 @@ interior-point reference, extra ``verify``), :mod:`svtoolkit.torch` and :mod:`sv
 (sweeps in process, on joblib or on Dask, resumable).
 """
 
-from .exact import IncrementalSVDD, MarginSystem, SolverFailure
-from .exact._warmup import warmup
-from .kernels import rbf_kernel
+import importlib
 
-# --- forgettable memory --------------------------------------------------------------------
-from .memory import (
-    AddResult,
-    BudgetExceededWarning,
-    DeletionReceipt,
-    DurabilityWarning,
-    ForgettableMemory,
-    Hit,
-    MemoryAuthenticationError,
-    MemoryFileError,
-    verify_receipt,
-)
+# Imported on first use (PEP 562): the solver and kernels load Numba (about half a second), which
+# a command that only talks to a memory server does not need.
+_EXPORTS = {
+    "IncrementalSVDD": ".exact", "MarginSystem": ".exact", "SolverFailure": ".exact",
+    "warmup": ".exact._warmup", "rbf_kernel": ".kernels",
+    "ForgettableMemory": ".memory", "DeletionReceipt": ".memory", "Hit": ".memory",
+    "MemoryFileError": ".memory", "BudgetExceededWarning": ".memory", "AddResult": ".memory",
+    "DurabilityWarning": ".memory", "MemoryAuthenticationError": ".memory",
+    "verify_receipt": ".memory",
+}
+
+
+#: Subpackages that ``import svtoolkit`` made available as attributes before imports were lazy.
+_SUBMODULES = ("exact", "kernels", "memory")
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0.dev0"
 

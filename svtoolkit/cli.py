@@ -502,6 +502,17 @@ def _join_negative_keys(argv):
     return out
 
 
+def _reported_errors():
+    """The exceptions :func:`main` reports as one ``error:`` line.
+
+    The solver's SolverFailure only once the solver is loaded: a command that talks to a
+    server never imports it (Numba, about half a second) and so cannot raise it.
+    """
+    solver = sys.modules.get("svtoolkit.exact.solver")
+    return (ValueError, TypeError, OSError, ImportError) + (
+        (solver.SolverFailure,) if solver is not None else ())
+
+
 def main(argv=None):
     """Entry point of the ``svtoolkit`` command.
 
@@ -519,7 +530,6 @@ def main(argv=None):
         save whose directory fsync failed) are printed as ``warning: ...`` lines and do not
         change the status.
     """
-    from .exact import SolverFailure
     from .memory import BudgetExceededWarning, DurabilityWarning
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -544,7 +554,7 @@ def main(argv=None):
         except RecursionError:
             print("error: input nested too deeply", file=sys.stderr)
             status = 1
-        except (ValueError, TypeError, OSError, ImportError, SolverFailure) as exc:
+        except _reported_errors() as exc:
             print(f"error: {exc}", file=sys.stderr)
             status = 1
     for w in caught:  # a committed change stays a success, with its warnings

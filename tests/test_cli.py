@@ -221,3 +221,13 @@ def test_text_store_end_to_end(tmp_path, capsys):
     run(capsys, "forget", path, "alice_password")
     assert run(capsys, "query", path, "--text", "What is Alice's password?")[1].strip() == \
         "no record"
+
+
+def test_importing_the_package_does_not_load_numba_until_the_solver_is_used():
+    code = ("import sys, svtoolkit; before = 'numba' in sys.modules; "
+            "svtoolkit.IncrementalSVDD; print(before, 'numba' in sys.modules, "
+            "sorted(set(svtoolkit.__all__) - set(dir(svtoolkit))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False True []"

@@ -414,6 +414,18 @@ def test_the_cli_talks_to_a_server(shared, monkeypatch, capsys):
     assert "--server needs the server's token" in capsys.readouterr().err
 
 
+def test_a_command_through_the_server_does_not_load_the_solver(shared):
+    """A client command is a small process: no Numba import (about half a second)."""
+    code = ("import sys; from svtoolkit.cli import main; "
+            f"status = main(['memory', 'query', '--server', {shared.url!r}, '--key', '0,0']); "
+            "print(status, 'numba' in sys.modules, 'svtoolkit.exact' in sys.modules)")
+    env = dict(os.environ, SVTOOLKIT_MEMORY_TOKEN=TOKEN)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0 False False"
+
+
 def test_cli_changes_through_the_server_are_saved(fresh, monkeypatch, capsys):
     server = fresh()
     monkeypatch.setenv("SVTOOLKIT_MEMORY_TOKEN", TOKEN)

@@ -29,9 +29,21 @@ from ._errors import (
 )
 from ._format import FORMAT_VERSION, KKT_TOL, READABLE_VERSIONS
 from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, verify_receipt
+from ._receipts import Hit
 from ._signing import MIN_KEY_BYTES
-from ._store import DEFAULT_MIN_SIMILARITY, FRESH_KKT_WORK, ForgettableMemory, Hit
 from .client import Client, ServerError
+
+# The store imports the exact solver (Numba: about half a second); it is imported on first use,
+# so that a client of a running server (``svtoolkit memory ... --server URL``) starts fast.
+_FROM_STORE = ("ForgettableMemory", "DEFAULT_MIN_SIMILARITY", "FRESH_KKT_WORK")
+
+
+def __getattr__(name):
+    if name in _FROM_STORE:
+        from . import _store
+
+        return getattr(_store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "ForgettableMemory",

@@ -1,14 +1,15 @@
-"""Results of memory operations: deletion receipts (optionally signed), audit reports, adds."""
+"""Results of memory operations: deletion receipts (optionally signed), audit reports, adds,
+query answers."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ._signing import check_key, macs_equal, receipt_mac
 
-__all__ = ["DeletionReceipt", "AuditReport", "AddResult", "ExtendResult", "verify_receipt"]
+__all__ = ["DeletionReceipt", "AuditReport", "AddResult", "ExtendResult", "Hit", "verify_receipt"]
 
 #: Receipt fields added with the verification levels; a receipt without them (an older one)
 #: was signed without them, so they enter the MAC only when they hold a value.
@@ -212,3 +213,25 @@ def verify_receipt(receipt, key):
     except (TypeError, ValueError):  # a field that is not JSON cannot have been signed
         return False
     return macs_equal(expected, mac)
+
+
+class Hit(NamedTuple):
+    """One answer of :meth:`ForgettableMemory.query`.
+
+    Attributes
+    ----------
+    record_id : str
+    value : JSON value
+        A fresh copy of the stored value (decoded from its JSON text).
+    weight : float
+        The record's share of the support-vector readout at the query,
+        ``a_i k(q, x_i) / sum_j a_j k(q, x_j)`` over every held record; exactly 0 for a reserve
+        (certified-redundant) record.
+    score : float
+        The kernel similarity ``k(q, x_i) = exp(-||q - x_i||^2 / sigma^2)`` in (0, 1].
+    """
+
+    record_id: str
+    value: Any
+    weight: float
+    score: float

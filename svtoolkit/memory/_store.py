@@ -13,7 +13,6 @@ import struct
 import threading
 import time
 import warnings
-from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from . import _atomic, _format, _table
 from ._audit import RollingAudit
 from ._codec import check_record_id, check_utf8, decode_value, encode_value, non_canonical_values
 from ._errors import BudgetExceededWarning, MemoryFileError, ReceiptError, StaleStateError
-from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, verify_receipt
+from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, Hit, verify_receipt
 from ._signing import check_key, receipt_mac
 
 __all__ = ["ForgettableMemory", "Hit", "DEFAULT_MIN_SIMILARITY"]
@@ -45,28 +44,6 @@ def _check_verify(verify, allowed=(True, False, "auto", "full", "maintained")):
         raise ValueError(f"verify must be one of {', '.join(map(repr, allowed))}; got "
                          f"{verify!r}")
     return "auto" if verify is True else verify
-
-
-class Hit(NamedTuple):
-    """One answer of :meth:`ForgettableMemory.query`.
-
-    Attributes
-    ----------
-    record_id : str
-    value : JSON value
-        A fresh copy of the stored value (decoded from its JSON text).
-    weight : float
-        The record's share of the support-vector readout at the query,
-        ``a_i k(q, x_i) / sum_j a_j k(q, x_j)`` over every held record; exactly 0 for a reserve
-        (certified-redundant) record.
-    score : float
-        The kernel similarity ``k(q, x_i) = exp(-||q - x_i||^2 / sigma^2)`` in (0, 1].
-    """
-
-    record_id: str
-    value: Any
-    weight: float
-    score: float
 
 
 def _similarities(keys, n, q, inv_sigma2, out, *, block=512):

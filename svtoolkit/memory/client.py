@@ -24,8 +24,7 @@ from dataclasses import fields
 
 import numpy as np
 
-from ._receipts import AddResult, AuditReport, DeletionReceipt
-from ._store import Hit
+from ._receipts import AddResult, AuditReport, DeletionReceipt, Hit
 
 __all__ = ["Client", "ServerError", "load_token", "TOKEN_ENV", "MIN_TOKEN_CHARS"]
 
