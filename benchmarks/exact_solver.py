@@ -29,10 +29,14 @@ certified by a fresh evaluation); reported with the peak of Python/NumPy allocat
 build (tracemalloc), the median deletion of a margin key, and a scikit-learn fit of the same keys
 (``--large-sklearn-runs``; by default only at n0 = 1,000, see ``--large-sklearn-n0``).
 
+The first table is run ``--table-runs`` times on the same keys (timing noise on a shared machine
+moves a ratio by tens of percent): it shows the first run, and beside it the median and range
+of the scikit-learn ratio over all runs.
+
 JIT compilation is excluded (svtoolkit.warmup() and one untimed call of each peer first).
 
 Usage: python benchmarks/exact_solver.py [--sizes 120 256 512 1024] [--deletions 45]
-       [--refits 10] [--build-sizes 512 2048] [--build-runs 3] [--large-n 100000]
+       [--refits 10] [--table-runs 5] [--build-sizes 512 2048] [--build-runs 3] [--large-n 100000]
        [--large-d 16 6] [--large-runs 3] [--large-sklearn-runs 1] [--large-sklearn-n0 1000]
 Writes benchmarks/results/exact_solver.json and exact_solver.md.
 """
@@ -318,8 +322,9 @@ def table(results):
     lines = [
         "| n | partition S/E/R | delete reserve µs | delete margin µs | delete error µs "
         "| add µs | sklearn refit ms | cvxpy refit ms | own build ms | sklearn / delete "
-        "| cvxpy / delete | max \\|Δf\\| delete vs exact refit | max \\|Δf\\| sklearn refit |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| cvxpy / delete | sklearn / delete over runs (min-max) "
+        "| max \\|Δf\\| delete vs exact refit | max \\|Δf\\| sklearn refit |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         d = r["delete"]
@@ -334,10 +339,19 @@ def table(results):
             f"| {fmt_ms(r['refit']['cvxpy_clarabel']['median'])} "
             f"| {fmt_ms(r['refit']['svtoolkit_build']['median'])} "
             f"| {ratio['sklearn']:,.0f}× | {ratio['cvxpy_clarabel']:,.0f}× "
+            f"| {_spread(r.get('ratio_over_runs', {}).get('sklearn'))} "
             f"| {r['delete_max_abs_df_vs_exact_refit']['max']:.1e} "
             f"| {r['sklearn_refit_max_abs_df_vs_exact_refit']['max']:.1e} |"
         )
     return "\n".join(lines)
+
+
+def _spread(ratio):
+    """``median× (min-max, k runs)`` of a ratio over runs ("—" without runs)."""
+    if not ratio:
+        return "—"
+    return (f"{ratio['median']:,.0f}× ({ratio['min']:,.0f}-{ratio['max']:,.0f}, "
+            f"{ratio['count']} runs)")
 
 
 def main(argv=None):
@@ -345,6 +359,9 @@ def main(argv=None):
     parser.add_argument("--sizes", type=int, nargs="*", default=[120, 256, 512, 1024])
     parser.add_argument("--deletions", type=int, default=45)
     parser.add_argument("--refits", type=int, default=10)
+    parser.add_argument("--table-runs", type=int, default=5,
+                        help="run the deletion table this many times (same keys): the table "
+                             "shows the first run, its ratio columns the spread over all")
     parser.add_argument("--build-sizes", type=int, nargs="*", default=[512, 2048])
     parser.add_argument("--build-runs", type=int, default=3)
     parser.add_argument("--large-n", type=int, nargs="*", default=[100_000])
@@ -358,14 +375,23 @@ def main(argv=None):
     warnings.filterwarnings("ignore", message=".*Solution may be inaccurate.*")
     load_before = os.getloadavg()  # the machine may be shared: say how busy it was
     warm_up()
-    results = []
-    for n in args.sizes:
-        r = run_size(n, args.deletions, args.refits, seed=n)
-        results.append(r)
-        print(f"n={n}: active delete median {fmt_us(r['delete_active']['median'])} µs, "
-              f"sklearn/delete {r['ratio_refit_over_active_delete']['sklearn']:.0f}×, "
-              f"cvxpy/delete {r['ratio_refit_over_active_delete']['cvxpy_clarabel']:.0f}×",
-              flush=True)
+    runs = []
+    for run in range(args.table_runs):
+        runs.append([])
+        for n in args.sizes:
+            r = run_size(n, args.deletions, args.refits, seed=n)
+            runs[-1].append(r)
+            print(f"run {run + 1}, n={n}: active delete median "
+                  f"{fmt_us(r['delete_active']['median'])} µs, sklearn/delete "
+                  f"{r['ratio_refit_over_active_delete']['sklearn']:.0f}×, cvxpy/delete "
+                  f"{r['ratio_refit_over_active_delete']['cvxpy_clarabel']:.0f}×", flush=True)
+    results = runs[0]
+    for i, r in enumerate(results):  # the spread of each ratio over the runs
+        r["ratio_over_runs"] = {
+            peer: stats([run[i]["ratio_refit_over_active_delete"][peer] for run in runs])
+            for peer in ("sklearn", "cvxpy_clarabel")}
+        r["delete_active_median_over_runs"] = stats(
+            [run[i]["delete_active"]["median"] for run in runs])
     builds = []
     for n in args.build_sizes:
         for scale in (1.0, 0.3, 0.1):
@@ -387,6 +413,7 @@ def main(argv=None):
                "load_average_1_5_15min": {"start": load_before, "end": os.getloadavg()},
                "setup": {"d": D, "nu": NU, "sigma": "median pairwise distance",
                          "C": "1 / (nu n), fixed", "deletions_per_size": args.deletions,
+                         "table_runs": args.table_runs,
                          "refits_per_size": args.refits,
                          "timing": "perf_counter, gc paused, medians (min/max in JSON); "
                                    "JIT compile excluded"},
