@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["warmup", "kernel_modules"]
+__all__ = ["warmup", "warm_walk", "kernel_modules"]
 
 
 def kernel_modules():
@@ -38,6 +38,25 @@ def warmup() -> None:
     _warm_fista()
 
 
+def warm_walk():
+    """Load the kernels of the exact walk's everyday operations (add, remove, KKT residual).
+
+    About a second in a fresh process, most of it Numba's one-time initialisation; a
+    long-running process (the memory server) calls it at start so that its first change does
+    not pay it. Returns the small solver it ran (for :func:`warmup` to go on with).
+    """
+    from .solver import IncrementalSVDD
+
+    X = np.random.default_rng(0).standard_normal((12, 3))
+    solver = IncrementalSVDD(C=0.25, sigma=1.0)
+    ids = solver.extend(X)
+    solver.decision_function(X[:3])
+    solver.kkt_residual()
+    solver.remove(ids[0])
+    solver.remove(int(solver.margin_ids[0]) if len(solver.margin_ids) else int(solver.ids[0]))
+    return solver
+
+
 def _warm_solver():
     from ..kernels import rbf_kernel
     from .solver import IncrementalSVDD
@@ -46,12 +65,7 @@ def _warm_solver():
     X = rng.standard_normal((12, 3))
     rbf_kernel(X, sigma=1.0)
     rbf_kernel(X, X[:2], sigma=1.0)
-    solver = IncrementalSVDD(C=0.25, sigma=1.0)
-    ids = solver.extend(X)
-    solver.decision_function(X[:3])
-    solver.kkt_residual()
-    solver.remove(ids[0])
-    solver.remove(int(solver.margin_ids[0]) if len(solver.margin_ids) else int(solver.ids[0]))
+    solver = warm_walk()
     solver.evict_reserve()
     solver.audit()
     # the bulk build (SMO + exact landing) of an extend into an empty solver

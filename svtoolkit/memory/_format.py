@@ -145,7 +145,7 @@ def serialize(solver_state, *, config, metadata_text, records, tombstones, next_
     flags = 0 if key is None else _SIGNED
     chunks = [_HEADER.pack(MAGIC, FORMAT_VERSION, flags, len(text)), text, *blobs]
     if key is not None:
-        chunks.append(file_mac(key, b"".join(chunks)))
+        chunks.append(file_mac(key, chunks))
     return chunks
 
 

@@ -931,9 +931,7 @@ class ForgettableMemory:
             _atomic.atomic_write(path, self._serialize(key))
 
     def _serialize(self, key):
-        sids = self._solver.ids
-        records = [[rid, int(s), self._table.get(rid)[1]]
-                   for s, rid in zip(sids, self._table.record_ids(sids), strict=True)]
+        records = self._table.file_records(self._solver.ids)
         return _format.serialize(
             self._solver.state_dict(),
             config={"C": self.C, "sigma": self.sigma, "nu": self._nu, "n0": self._n0,

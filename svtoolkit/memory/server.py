@@ -23,6 +23,7 @@ import sys
 import traceback
 
 from ..exact import SolverFailure
+from ..exact._warmup import warm_walk
 from ._service import (DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE, MemoryService,
                        ServiceUnavailable, StoreChangedError, TooLarge)
 
@@ -390,6 +391,7 @@ def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None
     app = create_app(store, token=token, signing_key=signing_key,
                      max_body_bytes=max_body_bytes, max_value_bytes=max_value_bytes,
                      encoder_threads=encoder_threads)
+    warm_walk()  # Numba's one-time start-up here, not in the first change's response
     sock = _listen(host, port)
     bound = sock.getsockname()[1]
     if not _is_loopback(host):
