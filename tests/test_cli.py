@@ -224,10 +224,11 @@ def test_text_store_end_to_end(tmp_path, capsys):
 
 
 def test_importing_the_package_does_not_load_numba_until_the_solver_is_used():
-    code = ("import sys, svtoolkit; before = 'numba' in sys.modules; "
+    code = ("import sys, svtoolkit, svtoolkit.memory as m; before = 'numba' in sys.modules; "
             "svtoolkit.IncrementalSVDD; print(before, 'numba' in sys.modules, "
-            "sorted(set(svtoolkit.__all__) - set(dir(svtoolkit))))")
+            "sorted(set(svtoolkit.__all__) - set(dir(svtoolkit))), "
+            "sorted(set(m.__all__) - set(dir(m))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False True []"
+    assert done.stdout.strip() == "False True [] []"

@@ -28,8 +28,7 @@ from ._errors import (
     StaleStateError,
 )
 from ._format import FORMAT_VERSION, KKT_TOL, READABLE_VERSIONS
-from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, verify_receipt
-from ._receipts import Hit
+from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, Hit, verify_receipt
 from ._signing import MIN_KEY_BYTES
 from .client import Client, ServerError
 
@@ -44,6 +43,10 @@ def __getattr__(name):
 
         return getattr(_store, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 __all__ = [
     "ForgettableMemory",
