@@ -23,7 +23,7 @@ import numpy as np
 
 from ._optional import require
 from ._rules import FEASIBILITY_TOL, IPM_PARTITION_TOL
-from ._validation import as_keys, check_positive, check_sigma, largest_violation
+from ._validation import as_keys, check_option, check_positive, check_sigma, largest_violation
 from .kernels import rbf_kernel
 
 __all__ = [
@@ -308,15 +308,14 @@ def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbos
         cp.Minimize(cp.quad_form(a, cp.psd_wrap(K)) - np.diag(K) @ a),
         [cp.sum(a) == 1, a >= 0, a <= C],
     )
-    name = solver.upper() if isinstance(solver, str) else solver
+    name = check_option(solver.upper() if isinstance(solver, str) else solver, "solver",
+                        ("CLARABEL", "OSQP"))
     if name == "CLARABEL":
         problem.solve(solver=cp.CLARABEL, verbose=verbose, tol_gap_abs=1e-12,
                       tol_gap_rel=1e-12, tol_feas=1e-12, tol_ktratio=1e-10, max_iter=500)
-    elif name == "OSQP":
+    else:
         problem.solve(solver=cp.OSQP, verbose=verbose, eps_abs=1e-10, eps_rel=1e-10,
                       polishing=True, max_iter=200000)
-    else:
-        raise ValueError(f"solver must be 'CLARABEL' or 'OSQP'; got {solver!r}")
     if a.value is None:
         raise RuntimeError(f"{name} returned no solution (status {problem.status})")
     raw = np.clip(np.asarray(a.value, dtype=np.float64), 0.0, C)

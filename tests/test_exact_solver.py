@@ -1053,3 +1053,9 @@ def test_audit_and_consistency_are_frozen_results_that_still_read_as_mappings():
         found["no_such_field"]
     with pytest.raises(AttributeError, match="cannot assign"):
         found.kkt_residual = 0.0
+
+
+def test_the_reference_names_its_solvers():
+    K = rbf_kernel(np.random.default_rng(0).standard_normal((6, 2)), sigma=1.0)
+    with pytest.raises(ValueError, match="solver must be one of 'CLARABEL', 'OSQP'; got 'ECOS'"):
+        solve_svdd(K, 0.5, solver="ecos")

@@ -284,9 +284,9 @@ def test_unselected_layers_are_the_window_path_with_the_gate_off():
 def test_switch_options_are_rejected():
     cases = [
         (dict(train_writes="insert"), ValueError,
-         r"train_writes must be one of \('evicted', 'all'\)"),
+         r"train_writes must be one of 'evicted', 'all'; got 'insert'"),
         (dict(write_mode="mean"), ValueError,
-         r"write_mode must be one of \('token', 'chunk_mean'\)"),
+         r"write_mode must be one of 'token', 'chunk_mean'; got 'mean'"),
         (dict(delta_residual="chunk_start"), ValueError,
          r"delta_residual='chunk_start' needs rule='delta'"),
         (dict(slots=0), ValueError, r"slots must be >= 1"),

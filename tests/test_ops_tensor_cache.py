@@ -565,10 +565,11 @@ def test_switch_arguments_are_rejected():
     log_decay, rate, gate = (inputs[n].detach() for n in ("log_decay", "rate", "gate"))
     args = dict(window=4, log_decay=log_decay, rate=rate, gate=gate)
     cases = [
-        (dict(train_writes="inserted"), r"train_writes must be one of \('evicted', 'all'\)"),
-        (dict(write_mode="mean"), r"write_mode must be one of \('token', 'chunk_mean'\)"),
+        (dict(train_writes="inserted"),
+         r"train_writes must be one of 'evicted', 'all'; got 'inserted'"),
+        (dict(write_mode="mean"), r"write_mode must be one of 'token', 'chunk_mean'; got 'mean'"),
         (dict(delta_residual="frozen"),
-         r"delta_residual must be one of \('exact', 'chunk_start'\)"),
+         r"delta_residual must be one of 'exact', 'chunk_start'; got"),
         (dict(delta_residual="chunk_start"), r"delta_residual='chunk_start' needs rule='delta'"),
         (dict(rule="delta", delta_residual="chunk_start", write_mode="chunk_mean"),
          r"delta_residual='chunk_start' needs write_mode='token'"),

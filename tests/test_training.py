@@ -69,8 +69,9 @@ def test_config_is_frozen_and_checked():
                             ({"grad_clip": -1}, "grad_clip must be a number >= 0"),
                             ({"min_lr_ratio": 2}, "min_lr_ratio must be in"),
                             ({"betas": (0.9,)}, "betas must be two numbers"),
-                            ({"mode": "best"}, "mode must be 'max' or 'min'"),
-                            ({"device": "tpu"}, "device must be 'cpu', 'cuda' or 'auto'"),
+                            ({"mode": "best"}, "mode must be one of 'max', 'min'; got 'best'"),
+                            ({"device": "tpu"},
+                             "device must be one of 'cpu', 'cuda', 'auto'; got 'tpu'"),
                             ({"warmup_steps": 0}, "warmup_steps must be an int >= 1")]:
         with pytest.raises(ValueError, match=message):
             TrainConfig(**kwargs)
@@ -274,6 +275,8 @@ def test_device_resolution():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda")
+    with pytest.raises(ValueError, match="device must be one of 'cpu', 'cuda', 'auto'; got 'gpu'"):
+        resolve_device("gpu")
 
 
 @pytest.mark.gpu

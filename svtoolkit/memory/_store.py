@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 
 from .._rules import FEASIBILITY_TOL
-from .._validation import as_key, as_keys, check_positive, check_sigma
+from .._validation import as_key, as_keys, check_option, check_positive, check_sigma
 from ..exact import IncrementalSVDD, SolverFailure
 from . import _atomic, _format, _table
 from ._audit import RollingAudit
@@ -40,9 +40,7 @@ _UNCHANGED = object()
 
 def _check_verify(verify, allowed=(True, False, "auto", "full", "maintained")):
     """The verification level ``verify`` names (``True`` is ``"auto"``); refuse others."""
-    if not isinstance(verify, (bool, str)) or verify not in allowed:
-        raise ValueError(f"verify must be one of {', '.join(map(repr, allowed))}; got "
-                         f"{verify!r}")
+    verify = check_option(verify, "verify", allowed)
     return "auto" if verify is True else verify
 
 

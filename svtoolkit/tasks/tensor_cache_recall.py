@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._validation import check_option
 from ._base import IGNORE_INDEX, TokenTask, check_int, distinct_integers, rng_for
 
 __all__ = [
@@ -48,9 +49,7 @@ TENSOR_CACHE_VARIANTS = {
 
 def _resolve(variant, gap, n_episodes, n_stores):
     """Defaults of ``variant`` for the arguments left as None, and the variant's checks."""
-    if variant not in TENSOR_CACHE_VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(TENSOR_CACHE_VARIANTS)}; got "
-                         f"{variant!r}")
+    check_option(variant, "variant", tuple(TENSOR_CACHE_VARIANTS))
     spec = TENSOR_CACHE_VARIANTS[variant]
     gap = check_int("gap", spec["gap"] if gap is None else gap, 0)
     n_episodes = check_int("n_episodes",

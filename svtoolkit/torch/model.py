@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._validation import check_option
 from .layers import ATTENTION_LAYERS
 from .ops._common import check_positive_int
 from .rotary import DEFAULT_BASE
@@ -203,8 +204,7 @@ class TinyLM(nn.Module):
                  attn="softmax", attn_options=None, mlp_ratio=4, dropout=0.0,
                  positions="learned", rope_base=DEFAULT_BASE, ntk=False):
         super().__init__()
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}; got {positions!r}")
+        check_option(positions, "positions", POSITIONS)
         if not isinstance(ntk, bool):
             raise TypeError(f"ntk must be a bool; got {type(ntk).__name__}")
         if ntk and positions != "rotary":
@@ -212,8 +212,7 @@ class TinyLM(nn.Module):
         for name, value in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers),
                             ("n_heads", n_heads), ("block", block), ("mlp_ratio", mlp_ratio)):
             check_positive_int(name, value)
-        if attn not in ATTENTION_LAYERS:
-            raise ValueError(f"attn must be one of {sorted(ATTENTION_LAYERS)}; got {attn!r}")
+        check_option(attn, "attn", tuple(sorted(ATTENTION_LAYERS)))
         if attn_options is not None and not isinstance(attn_options, dict):
             raise TypeError(f"attn_options must be a dict; got {type(attn_options).__name__}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (

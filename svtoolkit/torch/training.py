@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._validation import check_option
+
 __all__ = [
     "IGNORE_INDEX",
     "TokenBatches",
@@ -64,6 +66,8 @@ __all__ = [
 
 #: Target value of positions that are not scored (cross-entropy's ``ignore_index``).
 IGNORE_INDEX = -100
+#: What ``device`` may name ("auto": CUDA when available, else the CPU).
+DEVICES = ("cpu", "cuda", "auto")
 
 #: Config fields that change the trajectory: a checkpoint resumes only under equal values.
 _TRAJECTORY_FIELDS = ("steps", "batch_size", "lr", "min_lr_ratio", "warmup_steps",
@@ -157,10 +161,8 @@ class TrainConfig:
         if len(betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in betas):
             raise ValueError(f"betas must be two numbers in [0, 1); got {self.betas!r}")
         object.__setattr__(self, "betas", betas)
-        if self.mode not in ("max", "min"):
-            raise ValueError(f"mode must be 'max' or 'min'; got {self.mode!r}")
-        if self.device not in ("cpu", "cuda", "auto"):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'auto'; got {self.device!r}")
+        check_option(self.mode, "mode", ("max", "min"))
+        check_option(self.device, "device", DEVICES)
 
     @property
     def warmup(self):
@@ -261,9 +263,8 @@ def resolve_device(device):
         if not torch.cuda.is_available():
             raise ValueError("device 'cuda' was requested but CUDA is not available")
         return torch.device("cuda")
-    if device == "cpu":
-        return torch.device("cpu")
-    raise ValueError(f"device must be 'cpu', 'cuda' or 'auto'; got {device!r}")
+    check_option(device, "device", DEVICES)
+    return torch.device("cpu")
 
 
 def lr_factor(step, steps, warmup, min_lr_ratio):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..._validation import check_option
 from ..ops import infini_attention
 from ..ops._common import check_positive_int, compute_dtype
 from ..ops.infini_attention import INFINI_RULES
@@ -49,8 +50,7 @@ class InfiniAttention(HeadsAttention):
         **options,
     ):
         super().__init__(d_model, n_heads, **options)
-        if rule not in INFINI_RULES:
-            raise ValueError(f"rule must be one of {INFINI_RULES}; got {rule!r}")
+        check_option(rule, "rule", INFINI_RULES)
         self.segment = check_positive_int("segment", segment)
         self.rule = rule
         self.gate_logit = nn.Parameter(torch.full((n_heads,), float(gate_init)))

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..._validation import check_option
 from ..ops import decayed_linear_attention, delta_rule, gated_delta_rule, linear_attention
 from ..ops._common import check_positive_int, compute_dtype, l2_normalize
 from ._base import HeadsAttention
@@ -67,10 +68,7 @@ class LinearAttention(HeadsAttention):
         **options,
     ):
         super().__init__(d_model, n_heads, **options)
-        if feature_map not in _FEATURE_MAPS:
-            raise ValueError(
-                f"feature_map must be one of {tuple(_FEATURE_MAPS)}; got {feature_map!r}"
-            )
+        check_option(feature_map, "feature_map", tuple(_FEATURE_MAPS))
         if normalize and feature_map == "identity":
             raise ValueError("normalize=True needs a non-negative feature map ('elu' or 'relu')")
         self.feature_map, self.normalize, self.eps = feature_map, normalize, eps

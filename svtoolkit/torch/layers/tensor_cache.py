@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..._validation import check_option
 from ..ops import TensorCacheState, tensor_cache_paths, tensor_cache_step_paths
 from ..ops._common import check_positive_int, compute_dtype
-from ..ops.tensor_cache import RULES, _check_choice, _check_positive_float, _check_training_switches
+from ..ops.tensor_cache import RULES, _check_positive_float, _check_training_switches
 from ._base import HeadsAttention
 from .softmax import SlidingWindowAttention
 
@@ -129,7 +130,7 @@ class TensorCache(HeadsAttention):
         **options,
     ):
         super().__init__(d_model, n_heads, **options)
-        _check_choice("rule", rule, RULES)
+        check_option(rule, "rule", RULES)
         _check_training_switches(rule, train_writes, write_mode, delta_residual)
         for name, flag in (
             ("normalize_keys", normalize_keys),

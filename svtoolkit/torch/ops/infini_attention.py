@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..._validation import check_positive
+from ..._validation import check_option, check_positive
 from ._common import check_positive_int, check_qkv, check_state, compute_dtype, gate_weight
 
 __all__ = ["INFINI_RULES", "InfiniState", "infini_attention"]
@@ -150,8 +150,7 @@ def infini_attention(
     batch, length, heads, key_dim, value_dim = check_qkv(q, k, v)
     check_positive_int("segment", segment)
     eps = check_positive(eps, "eps")
-    if rule not in INFINI_RULES:
-        raise ValueError(f"rule must be one of {INFINI_RULES}; got {rule!r}")
+    check_option(rule, "rule", INFINI_RULES)
     weight = gate_weight(gate, batch, length, heads)
     if initial_state is None:
         initial_state = InfiniState.empty(

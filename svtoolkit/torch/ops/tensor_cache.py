@@ -70,6 +70,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..._validation import check_option
 from ._common import (
     check_per_head,
     check_positive_int,
@@ -179,13 +180,8 @@ class _Banks:
         return self.log_decay.shape[1]
 
 
-def _check_choice(name: str, value, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
-
-
 def _check_rule(rule: str, key_dim: int, value_dim: int) -> None:
-    _check_choice("rule", rule, RULES)
+    check_option(rule, "rule", RULES)
     if rule == "wedge" and key_dim != value_dim:
         raise ValueError(f"rule='wedge' needs K == V; got K={key_dim}, V={value_dim}")
 
@@ -377,9 +373,9 @@ def _chunk_mean_scan(q, wk, wv, on, log_decay, rate, rule, memory, chunk_size):
 
 
 def _check_training_switches(rule, train_writes, write_mode, delta_residual) -> None:
-    _check_choice("train_writes", train_writes, TRAIN_WRITES)
-    _check_choice("write_mode", write_mode, WRITE_MODES)
-    _check_choice("delta_residual", delta_residual, DELTA_RESIDUALS)
+    check_option(train_writes, "train_writes", TRAIN_WRITES)
+    check_option(write_mode, "write_mode", WRITE_MODES)
+    check_option(delta_residual, "delta_residual", DELTA_RESIDUALS)
     if delta_residual == "chunk_start" and rule != "delta":
         raise ValueError(f"delta_residual='chunk_start' needs rule='delta'; got rule={rule!r}")
     if delta_residual == "chunk_start" and write_mode == "chunk_mean":
