@@ -8,8 +8,8 @@ seconds for one operation. A memory runs the same comparison in slices instead, 
 ``ceil(n / P)`` keys (at least ``MIN_KEYS``) in solver-id order (a cursor that wraps) and
 multiplies the next ``ceil((m + 1) / P)`` columns (at least ``MIN_COLUMNS``) of the bordered
 system by the maintained inverse, where ``P = AUDIT_PERIOD // stride`` slices fall in one
-period. Large memories (n >= ``MIN_KEYS * AUDIT_PERIOD``) take a slice after every operation;
-smaller ones take a slice of ``MIN_KEYS`` keys every ``stride`` operations (at most
+period. Large memories (above 32,000 keys with the constants here) take a slice after every
+operation; smaller ones take a slice of ``MIN_KEYS`` keys every ``stride`` operations (at most
 ``MAX_STRIDE``), so the fixed cost of a slice (gathering the support, the Python calls) is
 spread over the operations instead of paid by each. Either way a key held for
 ``AUDIT_PERIOD`` operations has had its maintained gradient compared with a fresh one at least
