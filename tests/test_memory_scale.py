@@ -29,7 +29,7 @@ from svtoolkit.memory import (
     MemoryFileError,
     verify_receipt,
 )
-from svtoolkit.memory._audit import AUDIT_PERIOD, RollingAudit, schedule
+from svtoolkit.memory._audit import AUDIT_PERIOD, MAX_STRIDE, MIN_KEYS, RollingAudit, schedule
 from svtoolkit.memory._codec import non_canonical_values
 from svtoolkit.memory._table import RecordTable, record_leaf
 
@@ -233,11 +233,15 @@ def test_small_memories_keep_fresh_receipts_and_loads(tmp_path):
                                   (10**5, 2000), (10**6, 5)])
 def test_the_schedule_covers_every_key_and_column_within_one_period(n, m):
     stride, keys, columns = schedule(n, m)
-    slices = AUDIT_PERIOD // stride
     size = m + 1 if m else 0  # the bordered system's columns (none without a margin set)
-    assert 1 <= stride and stride * slices <= AUDIT_PERIOD
-    assert keys * slices >= n and keys <= n
-    assert columns * slices >= size and columns <= size
+    assert 1 <= stride <= MAX_STRIDE and keys <= n and columns <= size
+    # operations until the cursor has passed every key / column once: the last slice of the
+    # cycle falls at operation stride * (slices - 1) + 1, within the period
+    if n:
+        assert stride * (-(-n // keys) - 1) + 1 <= AUDIT_PERIOD
+        assert keys >= min(n, MIN_KEYS)
+    if size:
+        assert stride * (-(-size // columns) - 1) + 1 <= AUDIT_PERIOD
 
 
 def test_small_memories_take_a_slice_every_stride_operations_and_large_ones_every_one():
