@@ -4,8 +4,9 @@
 defaults, checks and semantics of the torch layers (Forgetful Attention (arXiv:2607.12204),
 §3.5, Fig. 2, App. C): per-head RMS-normalised queries and keys with ``sigma = sqrt(2 D)`` by
 default (``qk_norm="rms"``) or the raw projections with ``sigma = 2`` (``qk_norm="none"``),
-the gate of chunk ``c`` fit on the causal prefix ``[0, c * chunk)``, multipliers ``a_i / C`` (1 when the gate is off: warm-up below ``ceil(1/C) + 2`` keys or an invalid batched
-solve), the first chunk of the pure gate outputting 0, and ``exclude`` removing tokens from
+the gate of chunk ``c`` fit on the causal prefix ``[0, c * chunk)``, multipliers ``a_i / C``
+(1 when the gate is off: warm-up below ``ceil(1/C) + 2`` keys or an invalid batched solve),
+the first chunk of the pure gate outputting 0, and ``exclude`` removing tokens from
 gates and readouts. The ops are in :mod:`svtoolkit.mlx.ops`.
 
 * ``layer(x, exclude=None)`` - **training path**: all (sequence, head, chunk) problems in one
