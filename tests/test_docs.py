@@ -16,10 +16,13 @@ from __future__ import annotations
 import ast
 import faulthandler
 import io
+import random
 import re
+import sys
 import tokenize
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +127,20 @@ def _needs(tree):
                     yield module
 
 
+@pytest.fixture
+def global_rngs_kept():
+    """A block may seed the global generators (``seed_everything``); later tests see them as
+    they were."""
+    torch = sys.modules.get("torch")
+    states = random.getstate(), np.random.get_state(), torch and torch.random.get_rng_state()
+    yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    if torch is not None:  # (a torch the block imported first had no earlier state to keep)
+        torch.random.set_rng_state(states[2])
+
+
+@pytest.mark.usefixtures("global_rngs_kept")
 @pytest.mark.parametrize("source, line", list(_blocks()))
 def test_python_block_runs_and_shows_what_it_prints(source, line, request, tmp_path,
                                                     monkeypatch):
