@@ -65,7 +65,6 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-
 __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "rbf_kernel", "warmup",
            "__version__",
            "ForgettableMemory", "DeletionReceipt", "Hit", "MemoryFileError",
