@@ -23,12 +23,17 @@ import math
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import BaseEstimator, OutlierMixin, _fit_context
-from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .exact import IncrementalSVDD, SolverFailure
-from ._rules import FEASIBILITY_TOL
+from ._optional import require
+
+require("sklearn", feature="svtoolkit.sklearn")
+
+from sklearn.base import BaseEstimator, OutlierMixin, _fit_context  # noqa: E402
+from sklearn.utils._param_validation import Interval, StrOptions  # noqa: E402
+from sklearn.utils.validation import check_is_fitted, validate_data  # noqa: E402
+
+from .exact import IncrementalSVDD, SolverFailure  # noqa: E402
+from ._rules import FEASIBILITY_TOL  # noqa: E402
 
 __all__ = ["IncrementalOneClassSVM"]
 
