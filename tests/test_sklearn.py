@@ -151,6 +151,24 @@ def test_forget_down_to_the_feasible_size_then_refuse():
         est.forget(10)
 
 
+def test_forget_down_to_exactly_nu_n0_equals_the_fit_of_what_remains():
+    """nu n0 = 54 of 108 samples kept: every coefficient at C (dual_coef_ = 1), and the model
+    is a fit of the 54 under the same C. Both land on that one feasible point with rho from
+    sums of 54 terms of size <= 2 C in different orders: f differs by at most ~8 * 54 eps,
+    and decision_function = f / (2 C)."""
+    X = np.random.default_rng(702).standard_normal((108, 6))
+    est = IncrementalOneClassSVM(nu=0.5, gamma=1 / 9).fit(X)
+    est.forget(np.arange(54))
+    fresh = IncrementalOneClassSVM(nu=0.5, gamma=1 / 9, n0=108).fit(X[54:])
+    np.testing.assert_array_equal(est.sample_ids_, np.arange(54, 108))
+    np.testing.assert_array_equal(est.dual_coef_, np.ones((1, 54)))
+    np.testing.assert_array_equal(fresh.dual_coef_, np.ones((1, 54)))
+    probes = np.vstack([X, np.random.default_rng(703).standard_normal((20, 6))])
+    tol = 8 * 54 * np.finfo(np.float64).eps / (2 * est.C_)
+    np.testing.assert_allclose(est.decision_function(probes), fresh.decision_function(probes),
+                               rtol=0, atol=tol)
+
+
 def test_forget_empty_is_a_no_op():
     est = IncrementalOneClassSVM(gamma=1.0).fit(_blobs(10, n=20))
     before = _snapshot(est)

@@ -416,6 +416,11 @@ class IncrementalSVDD:
     def _feasible(self, n_real):
         return n_real * self._C >= 1.0 - W.FEASIBILITY_TOL
 
+    def _on_vertex(self, n_real):
+        """True when n_real keys have a single feasible point: n C = 1 to FEASIBILITY_TOL
+        (from either side), where a = C for every key is the only way to sum to one."""
+        return abs(n_real * self._C - 1.0) <= W.FEASIBILITY_TOL
+
     def _admit_anchor(self):
         slot = self._insert(np.zeros(self._d), -1, is_anchor=True)
         self._walk(slot, W.ADMIT, kc_ready=True)
@@ -428,10 +433,21 @@ class IncrementalSVDD:
         a rounding residue of the anchor's mass.
         """
         slot = self._anchor
-        if len(self) * self._C > 1.0 + W.FEASIBILITY_TOL:
+        if not self._on_vertex(len(self)):
             self._walk(slot, W.REMOVE)
             self._delete(slot)
             return
+        self._land_on_vertex(slot)
+
+    def _land_on_vertex(self, slot):
+        """Delete ``slot`` (the anchor, or a key whose deletion leaves n C = 1) and put every
+        other key at a = C with S empty: the only feasible point of what remains.
+
+        The gradients are evaluated from the keys and the caller's :meth:`_settle` puts rho
+        in its optimal interval (its upper end, since no key has a = 0). A fresh solve of the
+        same keys ends warm-up here too (:meth:`_drop_anchor`), so a deletion that lands on
+        the vertex and a fresh solve take the same steps from the same coefficients.
+        """
         n = self._n
         self._ist[W._M] = 0
         self._spos[:n] = -1
@@ -738,13 +754,20 @@ class IncrementalSVDD:
             self._after_operation()
             return
         try:
-            if (
-                self._anchor < 0
-                and self._alpha[slot] > 0.0
-                and not self._feasible(len(self) - 1)
-            ):
-                self._admit_anchor()
-            self._remove_slot(slot, int(id))
+            if self._anchor < 0 and self._alpha[slot] > 0.0 and self._on_vertex(len(self) - 1):
+                # the retained keys have one feasible point: land on it (a walk would have to
+                # end on the rounding residue of the victim's mass; see _land_on_vertex)
+                del self._slot_of[int(id)]
+                self._land_on_vertex(slot)
+                self._settle()
+            else:
+                if (
+                    self._anchor < 0
+                    and self._alpha[slot] > 0.0
+                    and not self._feasible(len(self) - 1)
+                ):
+                    self._admit_anchor()
+                self._remove_slot(slot, int(id))
         except SolverFailure as exc:
             self._recover(exc)
         self._after_operation()
