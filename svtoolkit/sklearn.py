@@ -381,15 +381,15 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         state = dict(super().__getstate__())
         solver = state.pop("solver_", None)
         if solver is not None:
-            state["_solver_state"] = solver.state_dict()
-            state["_solver_max_events"] = solver.max_events
+            state["_solver_state"] = solver.state_dict()  # every setting that steers it
         return state
 
     def __setstate__(self, state):
         state = dict(state)
         solver_state = state.pop("_solver_state", None)
-        max_events = state.pop("_solver_max_events", None)
+        max_events = state.pop("_solver_max_events", None)  # pickles of format-2 states
         super().__setstate__(state)
         if solver_state is not None:
             self.solver_ = IncrementalSVDD.from_state_dict(solver_state)
-            self.solver_.max_events = max_events
+            if max_events is not None:
+                self.solver_.max_events = max_events
