@@ -123,7 +123,7 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
     >>> est = est.partial_fit(X[40:])  # ids 40..59
     >>> est = est.forget([3, 41])      # exact deletion of two fitted samples
     >>> est.sample_ids_.shape, est.predict(X[:3]).tolist()
-    ((58,), [1, 1, 1])
+    ((58,), [-1, 1, 1])
     """
 
     _parameter_constraints: dict = {
