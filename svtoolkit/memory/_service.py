@@ -6,10 +6,14 @@ parsed JSON object; every answer is a JSON-serialisable dict.
 
 Rules kept here:
 
-* **One writer at a time, concurrent readers.** A readers-writer lock in the process; a writer
-  also holds the store's cross-process :func:`~svtoolkit.memory.store_lock` around its change
-  and its save, and first checks that no other process replaced the file since the server's
-  last load or save (otherwise the change is refused, and nothing changes).
+* **The server owns its store.** From start to :meth:`MemoryService.close` (or the process's
+  end) it holds the store's lock (:class:`~svtoolkit.memory._atomic.StoreOwnership`): every
+  other writer (the command line, a second server, :meth:`ForgettableMemory.save` in another
+  process) is refused with a message naming the server's address. Every request first checks
+  that the file is still the one the server last loaded or saved; a file replaced anyway (by
+  a program that ignores the lock) is refused for reads and writes alike, so no answer ever
+  comes from a state the file no longer holds.
+* **One writer at a time, concurrent readers.** A readers-writer lock in the process.
 * **Saved before acknowledged.** A change that moved the memory is saved atomically
   (:meth:`ForgettableMemory.save`) before its answer is returned. If anything fails after the
   memory moved (a failed save, a solver failure), the memory is reloaded from the file, which
@@ -53,7 +57,8 @@ _RECEIPT_FIELDS = ("operation", "record_id", "time", "digest_before", "digest_af
 
 
 class StoreChangedError(RuntimeError):
-    """The store file was replaced by another process since the server loaded or saved it."""
+    """The store file was replaced by another process since the server loaded or saved it
+    (by a program that ignored the server's lock)."""
 
 
 class ServiceUnavailable(RuntimeError):
@@ -224,11 +229,15 @@ class MemoryService:
         self._rw = _ReadWriteLock()
         self._broken = None
         self._latest_audit = None
-        with _atomic.store_lock(self.path):
+        self._owner = _atomic.StoreOwnership(self.path)
+        try:
             self._mem = self._load()
             self._receipts = _ReceiptLog(self.path + ".receipts.jsonl")
             self._check_receipts()
             self._identity = _identity(self.path)
+        except BaseException:
+            self._owner.release()
+            raise
         self.text_keys = self._mem.metadata.get("encoder") is not None
         self._encode = encoder
         self._encode_lock = threading.Lock()
@@ -246,6 +255,21 @@ class MemoryService:
             self._encode = lambda text: model.encode(text)[0]
 
     # ------------------------------------------------------------------ state
+    def announce(self, url):
+        """Name the server's address in the store's lock file (other writers' refusals say
+        ``--server URL``)."""
+        self._owner.announce(url)
+
+    def close(self):
+        """Give up the store (other writers may write it again); idempotent."""
+        self._owner.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def _load(self):
         mem = ForgettableMemory.load(self.path, key=self._key)
         if self._key is None and _format.parse_file(_atomic.read_file(self.path), None).signed:
@@ -287,10 +311,23 @@ class MemoryService:
         if self._broken is not None:
             raise ServiceUnavailable(self._broken)
 
+    def _check_unchanged(self):
+        """Refuse to answer when the file is not the one this server last loaded or saved."""
+        try:
+            current = _identity(self.path)
+        except FileNotFoundError:
+            current = None
+        if current != self._identity:
+            raise StoreChangedError(
+                f"{self.path} was replaced by another process although this server owns it; "
+                "nothing is answered from a state the file may no longer hold (restart the "
+                "server to serve the file's state)")
+
     @contextlib.contextmanager
     def _reading(self):
         with self._rw.read():
             self._check_usable()
+            self._check_unchanged()
             yield self._mem
 
     def _mutate(self, fn, *, receipt=False):
@@ -306,16 +343,9 @@ class MemoryService:
         notes : list of str
             The warnings issued (over budget, a committed save whose directory fsync failed).
         """
-        with self._rw.write(), _atomic.store_lock(self.path):
+        with self._rw.write(), self._owner.writing():
             self._check_usable()
-            try:
-                current = _identity(self.path)
-            except FileNotFoundError:
-                current = None
-            if current != self._identity:
-                raise StoreChangedError(
-                    f"{self.path} was replaced by another process since this server loaded "
-                    "it; the change is refused (restart the server to serve the file's state)")
+            self._check_unchanged()
             mem = self._mem
             revision = mem.revision
             # one writer at a time, and readers issue no warnings: recording them is safe here

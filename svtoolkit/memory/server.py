@@ -23,6 +23,7 @@ import sys
 import traceback
 
 from ..exact import SolverFailure
+from ._codec import MAX_VALUE_BYTES
 from ..exact._warmup import warm_walk
 from ._service import (DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE, MemoryService,
                        ServiceUnavailable, StoreChangedError, TooLarge)
@@ -231,6 +232,9 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
                         ("max_value_bytes", max_value_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+    if max_value_bytes > MAX_VALUE_BYTES:
+        raise ValueError(f"max_value_bytes must be at most {MAX_VALUE_BYTES} (the memory's own "
+                         f"bound on a value); got {max_value_bytes}")
     service = MemoryService(store, signing_key=signing_key, max_value_bytes=max_value_bytes,
                             encoder=encoder, encoder_threads=encoder_threads)
     html, policy = _page()
@@ -391,15 +395,21 @@ def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None
     app = create_app(store, token=token, signing_key=signing_key,
                      max_body_bytes=max_body_bytes, max_value_bytes=max_value_bytes,
                      encoder_threads=encoder_threads)
-    warm_walk()  # Numba's one-time start-up here, not in the first change's response
-    sock = _listen(host, port)
-    bound = sock.getsockname()[1]
-    if not _is_loopback(host):
-        print(f"warning: listening on {host}, not a loopback address: plain HTTP carries the "
-              "token and the records unencrypted (put a TLS proxy in front)", file=sys.stderr)
-    shown = f"[{host}]" if ":" in host else host
-    print(f"serving {store} ({app.service.n_records} records) on http://{shown}:{bound}",
-          flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
-                            timeout_keep_alive=5, limit_concurrency=128)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        warm_walk()  # Numba's one-time start-up here, not in the first change's response
+        sock = _listen(host, port)
+        bound = sock.getsockname()[1]
+        if not _is_loopback(host):
+            print(f"warning: listening on {host}, not a loopback address: plain HTTP carries "
+                  "the token and the records unencrypted (put a TLS proxy in front)",
+                  file=sys.stderr)
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{bound}"
+        app.service.announce(url)  # other writers' refusals name it
+        print(f"serving {store} ({app.service.n_records} records) on {url}", flush=True)
+        config = uvicorn.Config(app, log_level="warning", access_log=False,
+                                server_header=False, timeout_keep_alive=5,
+                                limit_concurrency=128)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        app.service.close()
