@@ -197,8 +197,19 @@ def _cmd_init(args):
           + (" (signed)" if mem.signed else ""))
 
 
+def _refuse_signed_without_key(args):
+    """A signed store is written only with its key (without it, it would become unsigned)."""
+    from .memory._format import is_signed_file
+
+    if _signing_key(args) is None and is_signed_file(args.store):
+        raise ValueError(f"{args.store} is signed: give its key (--key-file PATH or "
+                         f"${KEY_ENV}); without it the store would be written unsigned. "
+                         "Nothing changed")
+
+
 def _mutate(args, fn):
     with _locked(args.store):
+        _refuse_signed_without_key(args)
         mem = _load(args)
         out = fn(mem)
         mem.save(args.store)

@@ -35,6 +35,7 @@ from svtoolkit.memory import (  # noqa: E402
     ForgettableMemory,
     Hit,
     ServerError,
+    StaleStateError,
     StoreOwnedError,
     store_lock,
     verify_receipt,
@@ -644,14 +645,16 @@ def test_a_service_owns_its_store_until_it_is_closed(tmp_path):
     with pytest.raises(StoreOwnedError, match=refused), store_lock(store):
         pass
     service.forget("r1")  # its own writes pass
+    later = ForgettableMemory.load(store)
+    later.add([7.0, 7.0], "written behind the server's back", record_id="behind")
     other = tmp_path / "other.svtk"
-    make_store(other, n=2)
+    later.save(other)
     os.replace(other, store)  # a program that ignores the lock
     with pytest.raises(StoreChangedError, match=r"was replaced by another process"):
         service.records()
     service.close()
     with MemoryService(store) as again:
-        assert again.n_records == 2
+        assert again.n_records == 6 and again.record("behind")["value"].startswith("written")
 
 
 def test_a_failed_save_changes_nothing(tmp_path, monkeypatch):
@@ -702,6 +705,30 @@ def test_a_rolled_back_signed_store_is_refused_at_start(fresh, tmp_path):
     shutil.copy(old, server.store)  # replay the file that still holds r2
     with pytest.raises(RuntimeError, match=r"older than the receipt's revision"):
         Server(server.store, tmp_path, key=SIGNING_KEY)
+
+
+def test_a_rolled_back_unsigned_store_is_refused_at_start(fresh, tmp_path):
+    server = fresh()
+    old = tmp_path / "old.svtk"
+    shutil.copy(server.store, old)
+    server.client.forget("r2")
+    server.stop()
+    shutil.copy(old, server.store)  # the file that still holds r2, older than the log
+    with pytest.raises(RuntimeError, match=r"older than the receipt's revision 7 .*its receipt "
+                                           r"log .* holds later operations"):
+        Server(server.store, tmp_path)
+    # the same revision as the log's newest receipt, another state: a fork, refused too
+    other = ForgettableMemory.load(server.store)
+    other.forget("r3")
+    other.save(server.store)
+    with pytest.raises(StaleStateError, match=r"differs from the receipt's digest_after"):
+        MemoryService(server.store)
+    mem = ForgettableMemory.load(old)  # the true history, continued: served
+    mem.forget("r2")
+    mem.add([8.0, 8.0], "later", record_id="later")
+    mem.save(server.store)
+    with MemoryService(server.store) as service:
+        assert service.n_records == 6
 
 
 def test_a_torn_receipt_line_is_dropped_at_start(tmp_path):

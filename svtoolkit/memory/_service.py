@@ -23,9 +23,9 @@ Rules kept here:
   shape, text keys, the value-size bound, paging) is checked here.
 * **Receipts.** Every receipt (forget, edit) is appended to ``REALPATH.receipts.jsonl`` (one
   JSON object per line, fsync'd) after the store's save and before the answer; with a signing
-  key they carry its MAC, and at start-up every logged receipt is verified and the newest is
-  checked against the store (:meth:`ForgettableMemory.check_receipt`: a replayed or rolled-back
-  store is refused).
+  key they carry its MAC, and at start-up every logged receipt is verified; signed or not, a
+  store older than the newest logged receipt (a lower revision, or the same revision with
+  another digest) is refused: it was rolled back or replayed.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import time
 import warnings
 
 from . import _atomic, _format
-from ._errors import MemoryFileError, ReceiptError
+from ._errors import MemoryFileError, ReceiptError, StaleStateError
 from ._receipts import verify_receipt
 from ._store import ForgettableMemory
 
@@ -217,8 +217,10 @@ class MemoryService:
     ------
     MemoryFileError
         The store (or its receipt log) does not load, or is signed and no key was given.
-    StaleStateError, ReceiptError
-        With a key: the newest logged receipt is newer than the store, or does not verify.
+    StaleStateError
+        The newest logged receipt is newer than the store (signed or not).
+    ReceiptError
+        With a key: a logged receipt does not verify.
     """
 
     def __init__(self, store, *, signing_key=None, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
@@ -279,14 +281,22 @@ class MemoryService:
         return mem
 
     def _check_receipts(self):
+        """Refuse a store older than its receipt log (signed or not), or a forged log entry."""
         entries = self._receipts.entries
-        if self._key is None or not entries:
+        if not entries:
             return
-        for number, entry in enumerate(entries, 1):
-            if not verify_receipt(entry, self._key):
-                raise ReceiptError(f"{self._receipts.path}: receipt {number} does not verify "
-                                   "with the store's key")
-        self._mem.check_receipt(entries[-1])
+        if self._key is not None:
+            for number, entry in enumerate(entries, 1):
+                if not verify_receipt(entry, self._key):
+                    raise ReceiptError(f"{self._receipts.path}: receipt {number} does not "
+                                       "verify with the store's key")
+        try:
+            self._mem._check_not_older(entries[-1])
+        except StaleStateError as exc:
+            raise StaleStateError(
+                f"{self.path}: {exc}; its receipt log {self._receipts.path} holds later "
+                "operations, so the store was rolled back or replaced by an older copy (which "
+                "can hold forgotten records): the server refuses to serve it") from None
 
     @property
     def signed(self):

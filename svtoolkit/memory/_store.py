@@ -920,6 +920,11 @@ class ForgettableMemory:
 
         Raises
         ------
+        ValueError
+            There is no key (neither ``key`` nor the memory's own) and ``path`` is a signed
+            store: it would be replaced unsigned. Nothing is written.
+        StoreOwnedError
+            A running server owns the store (it holds the store's lock); nothing is written.
         OSError
             The file could not be written (before the commit point; nothing changed).
 
@@ -930,6 +935,11 @@ class ForgettableMemory:
         """
         key = self._signing_key if key is None else check_key(key)
         with self._lock:
+            if key is None and _format.is_signed_file(_atomic.resolve(path)):
+                raise ValueError(
+                    f"{path} is a signed store: saving this memory without its signing key "
+                    "would replace it unsigned (load it with key=..., or pass key= to save); "
+                    "nothing was written")
             _atomic.atomic_write(path, self._serialize(key))
 
     def _serialize(self, key):
@@ -1149,6 +1159,14 @@ class ForgettableMemory:
             raise ReceiptError("the receipt's MAC does not verify with this memory's key "
                                "(unsigned, altered, or signed with another key)")
         fields = receipt.signed_fields() if isinstance(receipt, DeletionReceipt) else receipt
+        self._check_not_older(fields)
+
+    def _check_not_older(self, fields):
+        """Refuse this memory when it is older than a receipt's fields (no MAC check here).
+
+        The rule of :meth:`check_receipt`, also applied by the server to an unsigned store
+        and the newest receipt of its log.
+        """
         revision, digest = fields["revision"], fields["digest_after"]
         if isinstance(revision, bool) or not isinstance(revision, int):
             raise ReceiptError(f"the receipt has no revision (got {revision!r})")
