@@ -278,9 +278,16 @@ def _cmd_serve(args):
     if token is None:
         raise ValueError(f"serve needs a bearer token: --token-file PATH or ${TOKEN_ENV} "
                          "(e.g. made by: openssl rand -hex 32)")
+    if args.token_file is not None and os.name == "posix":
+        mode = os.stat(args.token_file).st_mode
+        if mode & 0o077:
+            print(f"warning: the token file {args.token_file} can be read by other users "
+                  f"(mode {mode & 0o777:04o}): anyone who reads it can use the server; "
+                  f"chmod 600 {args.token_file}", file=sys.stderr)
     serve(args.store, token=token, host=args.host, port=args.port,
           signing_key=_signing_key(args), max_body_bytes=args.max_body_bytes,
-          max_value_bytes=args.max_value_bytes, encoder_threads=args.encoder_threads)
+          max_value_bytes=args.max_value_bytes, encoder_threads=args.encoder_threads,
+          request_timeout=args.request_timeout)
 
 
 def _client(args):
@@ -499,6 +506,9 @@ def _parser():
                    help="largest value, bytes of JSON (default 64 KiB)")
     p.add_argument("--encoder-threads", type=int, default=1,
                    help="torch threads of the text encoder (text stores; default 1)")
+    p.add_argument("--request-timeout", type=float, default=10.0,
+                   help="seconds a connection has to send a whole request (headers and "
+                   "body); slower or idle connections are closed (default 10)")
     return parser
 
 

@@ -12,6 +12,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,10 +52,11 @@ _STATUS = {ValueError: 400, TypeError: 422, KeyError: 404}
 class Server:
     """A ``memory serve`` subprocess; ``url`` once it listens."""
 
-    def __init__(self, store, tmp_path, *, key=None, extra=()):
+    def __init__(self, store, tmp_path, *, key=None, extra=(), token_mode=0o600):
         self.store = str(store)
         token_file = tmp_path / "token"
         token_file.write_text(TOKEN + "\n")
+        token_file.chmod(token_mode)
         args = [sys.executable, "-m", "svtoolkit", "memory", "serve", self.store,
                 "--port", "0", "--token-file", str(token_file), *extra]
         if key is not None:
@@ -116,6 +118,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if not self.proc.stderr.closed:
+            self.stderr = self.proc.stderr.read()  # what the server wrote to its stderr
         self.proc.stdout.close()
         self.proc.stderr.close()
 
@@ -195,6 +199,68 @@ def test_the_server_binds_loopback_and_refuses_to_start_without_a_token(tmp_path
         out.stderr
     with pytest.raises(SystemExit, match="^2$"):  # the token is never a command-line value
         cli.main(["memory", "serve", str(store), "--token", TOKEN])
+
+
+def test_a_host_header_that_does_not_name_the_server_is_refused(shared):
+    port = shared.url.rsplit(":", 1)[1]
+    for host in (f"attacker.example:{port}", "127.0.0.1", f"127.0.0.1:{int(port) + 1}"):
+        for path in ("/health", "/records"):
+            status, out = shared.raw("GET", path, headers={"Host": host})
+            assert status == 421 and re.search(r"does not name this server's address",
+                                               out["error"])
+    assert shared.raw("GET", "/records", headers={"Host": f"localhost:{port}"})[0] == 200
+
+
+def test_a_token_file_others_can_read_is_warned_about(tmp_path):
+    store = tmp_path / "s.svtk"
+    make_store(store)
+    server = Server(store, tmp_path, token_mode=0o644)
+    server.stop()
+    assert re.search(r"warning: the token file \S+ can be read by other users \(mode 0644\)"
+                     r".*chmod 600", server.stderr)
+    quiet = Server(store, tmp_path)  # mode 0600: no warning
+    quiet.stop()
+    assert "token file" not in quiet.stderr
+
+
+def _connect(server):
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=60)
+
+
+def _closed_by_the_server(sock):
+    """True once the server closed ``sock`` (whatever it answered first); waits at most 60 s."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_idle_and_slow_clients_are_dropped_and_authenticated_work_goes_on(fresh):
+    server = fresh(extra=["--request-timeout", "2"])
+    port = server.url.rsplit(":", 1)[1]
+    idle = [_connect(server) for _ in range(128)]  # never send a request
+    slow = _connect(server)  # headers, then a body that never comes whole
+    slow.sendall((f"POST /records HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: "
+                  f"Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{\"key\": [").encode())
+    try:
+        for i in range(5):  # while all of them are still open
+            server.client.add([10.0 + i, 0.0], i, record_id=f"while-idle-{i}")
+            assert server.client.get(f"while-idle-{i}") == i
+        assert all(_closed_by_the_server(sock) for sock in [*idle, slow])
+    finally:
+        for sock in [*idle, slow]:
+            sock.close()
+    assert len(server.client.records()) == 11
+    gone = _connect(server)  # a client that disconnects mid-body
+    gone.sendall((f"POST /records HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: "
+                  f"Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{\"key\"").encode())
+    gone.close()
+    assert server.client.query([10.0, 0.0])[0].record_id == "while-idle-0"
+    server.stop()
+    assert "Traceback" not in server.stderr, server.stderr
 
 
 def test_the_server_listens_on_127_0_0_1_by_default(shared):
