@@ -7,8 +7,10 @@ lock on ``STORE.lock`` (POSIX; STORE with symlinks resolved), loads and verifies
 applies the change and saves it atomically. With a signing key (``--key-file PATH`` or the
 environment variable ``SVTOOLKIT_MEMORY_KEY``; never a command-line value) files are signed
 and verified, and receipts carry a MAC. ``serve`` keeps the store resident behind an HTTP API
-(:mod:`svtoolkit.memory.server`); ``add``, ``forget``, ``edit``, ``query``, ``list`` and
-``audit`` take ``--server URL`` to talk to it instead of opening the file.
+(:mod:`svtoolkit.memory.server`) and owns it while it runs: a change of the file is then
+refused with a message naming the server's address; ``add``, ``forget``, ``edit``, ``query``,
+``list`` and ``audit`` take ``--server URL`` to talk to it instead of opening the file. A
+signed store is never written without its key.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def store_lock(path):
         address.
     """
     target = resolve(path)
-    if fcntl is None or _holding(target):  # pragma: no cover - not POSIX
+    if fcntl is None or _holding(target):  # not POSIX, or held already by this thread
         yield
         return
     fd = os.open(target + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
@@ -146,7 +146,7 @@ def _writing(target):
     """Around one save: a shared lock on an existing ``REALPATH.lock`` (none when it does not
     exist), so that the save is refused while a server owns the store; nothing for a thread
     that holds the store lock."""
-    if fcntl is None or _holding(target):  # pragma: no cover - not POSIX
+    if fcntl is None or _holding(target):  # not POSIX, or this thread holds the lock
         yield
         return
     try:
