@@ -7,8 +7,10 @@ lock on ``STORE.lock`` (POSIX; STORE with symlinks resolved), loads and verifies
 applies the change and saves it atomically. With a signing key (``--key-file PATH`` or the
 environment variable ``SVTOOLKIT_MEMORY_KEY``; never a command-line value) files are signed
 and verified, and receipts carry a MAC. ``serve`` keeps the store resident behind an HTTP API
-(:mod:`svtoolkit.memory.server`); ``add``, ``forget``, ``edit``, ``query``, ``list`` and
-``audit`` take ``--server URL`` to talk to it instead of opening the file.
+(:mod:`svtoolkit.memory.server`) and owns it while it runs: a change of the file is then
+refused with a message naming the server's address; ``add``, ``forget``, ``edit``, ``query``,
+``list`` and ``audit`` take ``--server URL`` to talk to it instead of opening the file. A
+signed store is never written without its key.
 """
 
 from __future__ import annotations
@@ -197,8 +199,19 @@ def _cmd_init(args):
           + (" (signed)" if mem.signed else ""))
 
 
+def _refuse_signed_without_key(args):
+    """A signed store is written only with its key (without it, it would become unsigned)."""
+    from .memory._format import is_signed_file
+
+    if _signing_key(args) is None and is_signed_file(args.store):
+        raise ValueError(f"{args.store} is signed: give its key (--key-file PATH or "
+                         f"${KEY_ENV}); without it the store would be written unsigned. "
+                         "Nothing changed")
+
+
 def _mutate(args, fn):
     with _locked(args.store):
+        _refuse_signed_without_key(args)
         mem = _load(args)
         out = fn(mem)
         mem.save(args.store)
@@ -267,9 +280,16 @@ def _cmd_serve(args):
     if token is None:
         raise ValueError(f"serve needs a bearer token: --token-file PATH or ${TOKEN_ENV} "
                          "(e.g. made by: openssl rand -hex 32)")
+    if args.token_file is not None and os.name == "posix":
+        mode = os.stat(args.token_file).st_mode
+        if mode & 0o077:
+            print(f"warning: the token file {args.token_file} can be read by other users "
+                  f"(mode {mode & 0o777:04o}): anyone who reads it can use the server; "
+                  f"chmod 600 {args.token_file}", file=sys.stderr)
     serve(args.store, token=token, host=args.host, port=args.port,
           signing_key=_signing_key(args), max_body_bytes=args.max_body_bytes,
-          max_value_bytes=args.max_value_bytes, encoder_threads=args.encoder_threads)
+          max_value_bytes=args.max_value_bytes, encoder_threads=args.encoder_threads,
+          request_timeout=args.request_timeout)
 
 
 def _client(args):
@@ -490,6 +510,9 @@ def _parser():
                    help="largest value, bytes of JSON (default 64 KiB)")
     p.add_argument("--encoder-threads", type=int, default=1,
                    help="torch threads of the text encoder (text stores; default 1)")
+    p.add_argument("--request-timeout", type=float, default=10.0,
+                   help="seconds a connection has to send a whole request (headers and "
+                   "body); slower or idle connections are closed (default 10)")
     return parser
 
 

@@ -23,6 +23,9 @@ import svtoolkit.memory._atomic as atomic_module
 import svtoolkit.memory._table as table_module
 from svtoolkit import IncrementalSVDD, SolverFailure
 from svtoolkit.memory import (
+    MAX_RECORD_ID_BYTES,
+    MAX_VALUE_BYTES,
+    MAX_VALUE_DEPTH,
     FORMAT_VERSION,
     KKT_TOL,
     BudgetExceededWarning,
@@ -197,6 +200,48 @@ def test_too_deep_value_is_a_value_error():
     with pytest.raises(ValueError, match="value is nested too deeply"):
         mem.add([0.0, 1.0, 2.0], deep)
     assert snapshot(mem) == before
+
+
+def test_new_record_ids_are_bounded_in_length():
+    mem, _ = gaussian_memory(n=12)
+    longest = "\u00e9" * (MAX_RECORD_ID_BYTES // 2)  # two UTF-8 bytes each: exactly the bound
+    mem.add([0.0, 1.0, 2.0], "v", record_id=longest)
+    before = snapshot(mem)
+    refused = rf"record_id is {MAX_RECORD_ID_BYTES + 2} bytes of UTF-8, more than the longest"
+    with pytest.raises(ValueError, match=refused):
+        mem.add([0.0, 1.0, 2.5], "v", record_id=longest + "\u00e9")
+    with pytest.raises(ValueError, match=r"bytes of UTF-8, more than the longest"):
+        mem.extend([[5.0, 5.0, 5.0]], ["v"], record_ids=["x" * (MAX_RECORD_ID_BYTES + 1)])
+    assert snapshot(mem) == before
+    mem.forget(longest)
+
+
+def _nested(depth):
+    value = "leaf"
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def test_values_are_bounded_in_depth_and_size_and_an_accepted_one_round_trips(tmp_path):
+    mem, _ = gaussian_memory(n=12)
+    mem.add([0.0, 1.0, 2.0], _nested(MAX_VALUE_DEPTH), record_id="deepest")
+    before = snapshot(mem)
+    with pytest.raises(ValueError, match=rf"value is nested too deeply: more than "
+                                         rf"{MAX_VALUE_DEPTH} levels"):
+        mem.add([0.0, 1.0, 2.5], _nested(MAX_VALUE_DEPTH + 1))
+    with pytest.raises(ValueError, match=r"value is nested too deeply"):
+        mem.edit("k1", value=[_nested(MAX_VALUE_DEPTH)])
+    with pytest.raises(ValueError, match=rf"more than the largest accepted \({MAX_VALUE_BYTES}"):
+        mem.add([0.0, 1.0, 2.5], "x" * (MAX_VALUE_BYTES - 1))  # two quotes make it too large
+    with pytest.raises(ValueError, match=r"metadata is nested too deeply"):
+        ForgettableMemory(sigma=1.0, C=0.5, metadata={"m": _nested(MAX_VALUE_DEPTH)})
+    assert snapshot(mem) == before
+    mem.add([0.0, 1.0, 2.5], "x" * (MAX_VALUE_BYTES - 2), record_id="largest")
+    mem.save(tmp_path / "m.svtk")
+    again = ForgettableMemory.load(tmp_path / "m.svtk")
+    assert again.get("deepest") == _nested(MAX_VALUE_DEPTH)
+    assert [h.record_id for h in again.query([0.0, 1.0, 2.0])] == ["deepest"]
 
 
 @pytest.mark.parametrize("call", [

@@ -12,6 +12,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,9 @@ pytest.importorskip("uvicorn")
 
 from svtoolkit import cli  # noqa: E402
 from svtoolkit.memory import (  # noqa: E402
+    MAX_RECORD_ID_BYTES,
+    MAX_VALUE_BYTES,
+    MAX_VALUE_DEPTH,
     AddResult,
     AuditReport,
     Client,
@@ -32,6 +36,9 @@ from svtoolkit.memory import (  # noqa: E402
     ForgettableMemory,
     Hit,
     ServerError,
+    StaleStateError,
+    StoreOwnedError,
+    store_lock,
     verify_receipt,
 )
 from svtoolkit.memory._service import MemoryService, StoreChangedError  # noqa: E402
@@ -45,10 +52,11 @@ _STATUS = {ValueError: 400, TypeError: 422, KeyError: 404}
 class Server:
     """A ``memory serve`` subprocess; ``url`` once it listens."""
 
-    def __init__(self, store, tmp_path, *, key=None, extra=()):
+    def __init__(self, store, tmp_path, *, key=None, extra=(), token_mode=0o600):
         self.store = str(store)
         token_file = tmp_path / "token"
         token_file.write_text(TOKEN + "\n")
+        token_file.chmod(token_mode)
         args = [sys.executable, "-m", "svtoolkit", "memory", "serve", self.store,
                 "--port", "0", "--token-file", str(token_file), *extra]
         if key is not None:
@@ -110,6 +118,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if not self.proc.stderr.closed:
+            self.stderr = self.proc.stderr.read()  # what the server wrote to its stderr
         self.proc.stdout.close()
         self.proc.stderr.close()
 
@@ -189,6 +199,68 @@ def test_the_server_binds_loopback_and_refuses_to_start_without_a_token(tmp_path
         out.stderr
     with pytest.raises(SystemExit, match="^2$"):  # the token is never a command-line value
         cli.main(["memory", "serve", str(store), "--token", TOKEN])
+
+
+def test_a_host_header_that_does_not_name_the_server_is_refused(shared):
+    port = shared.url.rsplit(":", 1)[1]
+    for host in (f"attacker.example:{port}", "127.0.0.1", f"127.0.0.1:{int(port) + 1}"):
+        for path in ("/health", "/records"):
+            status, out = shared.raw("GET", path, headers={"Host": host})
+            assert status == 421 and re.search(r"does not name this server's address",
+                                               out["error"])
+    assert shared.raw("GET", "/records", headers={"Host": f"localhost:{port}"})[0] == 200
+
+
+def test_a_token_file_others_can_read_is_warned_about(tmp_path):
+    store = tmp_path / "s.svtk"
+    make_store(store)
+    server = Server(store, tmp_path, token_mode=0o644)
+    server.stop()
+    assert re.search(r"warning: the token file \S+ can be read by other users \(mode 0644\)"
+                     r".*chmod 600", server.stderr)
+    quiet = Server(store, tmp_path)  # mode 0600: no warning
+    quiet.stop()
+    assert "token file" not in quiet.stderr
+
+
+def _connect(server):
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=60)
+
+
+def _closed_by_the_server(sock):
+    """True once the server closed ``sock`` (whatever it answered first); waits at most 60 s."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_idle_and_slow_clients_are_dropped_and_authenticated_work_goes_on(fresh):
+    server = fresh(extra=["--request-timeout", "2"])
+    port = server.url.rsplit(":", 1)[1]
+    idle = [_connect(server) for _ in range(128)]  # never send a request
+    slow = _connect(server)  # headers, then a body that never comes whole
+    slow.sendall((f"POST /records HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: "
+                  f"Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{\"key\": [").encode())
+    try:
+        for i in range(5):  # while all of them are still open
+            server.client.add([10.0 + i, 0.0], i, record_id=f"while-idle-{i}")
+            assert server.client.get(f"while-idle-{i}") == i
+        assert all(_closed_by_the_server(sock) for sock in [*idle, slow])
+    finally:
+        for sock in [*idle, slow]:
+            sock.close()
+    assert len(server.client.records()) == 11
+    gone = _connect(server)  # a client that disconnects mid-body
+    gone.sendall((f"POST /records HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: "
+                  f"Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{\"key\"").encode())
+    gone.close()
+    assert server.client.query([10.0, 0.0])[0].record_id == "while-idle-0"
+    server.stop()
+    assert "Traceback" not in server.stderr, server.stderr
 
 
 def test_the_server_listens_on_127_0_0_1_by_default(shared):
@@ -308,6 +380,44 @@ def test_bodies_and_values_are_bounded(fresh):
 
 
 # ------------------------------------------------------------------ forget
+def _nested(depth):
+    value = "leaf"
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def test_ids_and_values_are_bounded_and_an_accepted_one_is_always_served(fresh):
+    server = fresh()
+    before = server.state()
+    for body, match in [
+            ({"key": [0, 0], "value": 1, "id": "x" * (MAX_RECORD_ID_BYTES + 1)},
+             r"bytes of UTF-8, more than the longest accepted \(1024\)"),
+            ({"key": [0, 0], "value": _nested(MAX_VALUE_DEPTH + 1)},
+             rf"value is nested too deeply: more than {MAX_VALUE_DEPTH} levels"),
+            ({"key": [0, 0], "value": _nested(900)}, r"value is nested too deeply")]:
+        status, out = server.raw("POST", "/records", body)
+        assert status == 400 and re.search(match, out["error"]), out
+    assert server.state() == before
+    # at both bounds: listed, read, queried, audited and forgotten like any other record
+    record_id = "/" + "\u00e9" * (MAX_RECORD_ID_BYTES // 2 - 1) + "?"
+    server.client.add([5.0, 5.0], _nested(MAX_VALUE_DEPTH), record_id=record_id)
+    listed = {r["record_id"]: r["value"] for r in server.client.records()}
+    assert listed[record_id] == _nested(MAX_VALUE_DEPTH)
+    assert server.client.get(record_id) == _nested(MAX_VALUE_DEPTH)
+    hits = server.client.query([5.0, 5.0])
+    assert [(h.record_id, h.value) for h in hits] == [(record_id, _nested(MAX_VALUE_DEPTH))]
+    assert server.raw("GET", "/audit")[0] == 200
+    assert server.client.forget(record_id).record_id == record_id
+
+
+def test_the_value_bound_of_a_server_is_at_most_the_memorys(tmp_path):
+    from svtoolkit.memory.server import create_app
+
+    with pytest.raises(ValueError, match=r"max_value_bytes must be at most 1048576"):
+        create_app(tmp_path / "none.svtk", token=TOKEN, max_value_bytes=MAX_VALUE_BYTES + 1)
+
+
 def test_forget_removes_the_record_from_answers_the_file_and_the_listing(fresh):
     server = fresh()
     secret = "tulip-42-very-secret-value"
@@ -523,16 +633,94 @@ def test_kill_9_at_many_points(fresh, delay):
     _kill_mid_write(fresh, delay)
 
 
-def test_a_store_replaced_by_another_process_is_not_overwritten(fresh):
+def memory_cli(*argv, token=None):
+    """``svtoolkit memory ARGV`` in a process of its own: (status, stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SVTOOLKIT_MEMORY_TOKEN", "SVTOOLKIT_MEMORY_KEY")}
+    if token is not None:
+        env["SVTOOLKIT_MEMORY_TOKEN"] = token
+    done = subprocess.run([sys.executable, "-m", "svtoolkit", "memory", *map(str, argv)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_a_server_owns_its_store_so_no_other_process_makes_its_answers_stale(fresh, tmp_path):
     server = fresh()
-    other = ForgettableMemory.load(server.store)
-    other.add([9.0, 9.0], "from the CLI", record_id="cli")
-    other.save(server.store)
     data = open(server.store, "rb").read()
-    status, out = server.raw("POST", "/records", {"key": [0, 0], "value": 1})
-    assert status == 409 and re.search(r"was replaced by another process", out["error"])
+    # the command line in another process: refused, naming the server's address
+    status, _, err = memory_cli("forget", server.store, "r2")
+    assert status == 1 and f"--server {server.url}" in err
     assert open(server.store, "rb").read() == data
-    assert server.raw("POST", "/query", {"key": [0, 0]})[0] == 200  # reads go on
+    # a second server on the same store: refused at start
+    with pytest.raises(RuntimeError, match=rf"is owned by the server at {server.url}"):
+        Server(server.store, tmp_path)
+    # the Python API writing from another process: refused
+    code = ("import svtoolkit.memory as m; mem = m.ForgettableMemory.load(%r); "
+            "mem.forget('r2'); mem.save(%r)") % (server.store, server.store)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "StoreOwnedError" in done.stderr
+    assert open(server.store, "rb").read() == data
+    assert server.raw("GET", "/records/r2")[0] == 200  # not forgotten: still held everywhere
+    # a forget through the server: no reader, in any process, returns r2 afterwards
+    status, out, err = memory_cli("forget", "--server", server.url, "r2", token=TOKEN)
+    assert status == 0, err
+    assert server.raw("GET", "/records/r2")[0] == 404
+    status, out, err = memory_cli("list", server.store)
+    assert status == 0 and '"r2"' not in out and '"r3"' in out
+    key = ",".join(map(str, ForgettableMemory.load(server.store).key("r3").tolist()))
+    held = make_store(tmp_path / "copy.svtk")  # the same six records: r2's key
+    r2_key = ",".join(map(str, held.key("r2").tolist()))
+    for query in (r2_key, key):
+        status, out, err = memory_cli("query", server.store, f"--key={query}", "-k", "6",
+                                      "--json")
+        assert status == 0, err
+        assert "r2" not in {hit["record_id"] for hit in json.loads(out)}
+    # once the server stops, the command line writes the store again
+    server.stop()
+    status, _, err = memory_cli("forget", server.store, "r3")
+    assert status == 0, err
+    assert set(ForgettableMemory.load(server.store).record_ids) == {"r0", "r1", "r4", "r5"}
+
+
+def test_a_file_replaced_despite_the_lock_is_never_answered_from(fresh, tmp_path):
+    server = fresh()
+    old = tmp_path / "old.svtk"
+    shutil.copy(server.store, old)
+    server.client.forget("r2")
+    shutil.copy(old, server.store)  # a program that ignores the lock puts r2 back
+    data = open(server.store, "rb").read()
+    for method, path, body in [("GET", "/records", None), ("GET", "/records/r3", None),
+                               ("POST", "/query", {"key": [0, 0]}), ("GET", "/receipts", None),
+                               ("POST", "/records", {"key": [0, 0], "value": 1})]:
+        status, out = server.raw(method, path, body)
+        assert status == 409 and re.search(r"was replaced by another process", out["error"])
+    assert open(server.store, "rb").read() == data
+
+
+def test_a_service_owns_its_store_until_it_is_closed(tmp_path):
+    store = tmp_path / "s.svtk"
+    make_store(store)
+    service = MemoryService(store)
+    service.announce("http://127.0.0.1:1")
+    refused = r"is owned by the server at http://127\.0\.0\.1:1 .*--server http://127"
+    with pytest.raises(StoreOwnedError, match=refused):
+        MemoryService(store)
+    with pytest.raises(StoreOwnedError, match=refused):
+        ForgettableMemory.load(store).save(store)
+    with pytest.raises(StoreOwnedError, match=refused), store_lock(store):
+        pass
+    service.forget("r1")  # its own writes pass
+    later = ForgettableMemory.load(store)
+    later.add([7.0, 7.0], "written behind the server's back", record_id="behind")
+    other = tmp_path / "other.svtk"
+    later.save(other)
+    os.replace(other, store)  # a program that ignores the lock
+    with pytest.raises(StoreChangedError, match=r"was replaced by another process"):
+        service.records()
+    service.close()
+    with MemoryService(store) as again:
+        assert again.n_records == 6 and again.record("behind")["value"].startswith("written")
 
 
 def test_a_failed_save_changes_nothing(tmp_path, monkeypatch):
@@ -555,10 +743,7 @@ def test_a_failed_save_changes_nothing(tmp_path, monkeypatch):
     assert service.receipts()["total"] == 0
     service.forget("r1")
     assert service.receipts()["total"] == 1
-    other = MemoryService(store)  # another process replacing the file
-    other.add({"key": [3, 3], "value": 2})
-    with pytest.raises(StoreChangedError, match=r"was replaced by another process"):
-        service.add({"key": [0, 0], "value": 1})
+    service.close()
 
 
 # ------------------------------------------------------------------ signing, receipts
@@ -588,15 +773,40 @@ def test_a_rolled_back_signed_store_is_refused_at_start(fresh, tmp_path):
         Server(server.store, tmp_path, key=SIGNING_KEY)
 
 
+def test_a_rolled_back_unsigned_store_is_refused_at_start(fresh, tmp_path):
+    server = fresh()
+    old = tmp_path / "old.svtk"
+    shutil.copy(server.store, old)
+    server.client.forget("r2")
+    server.stop()
+    shutil.copy(old, server.store)  # the file that still holds r2, older than the log
+    with pytest.raises(RuntimeError, match=r"older than the receipt's revision 7 .*its receipt "
+                                           r"log .* holds later operations"):
+        Server(server.store, tmp_path)
+    # the same revision as the log's newest receipt, another state: a fork, refused too
+    other = ForgettableMemory.load(server.store)
+    other.forget("r3")
+    other.save(server.store)
+    with pytest.raises(StaleStateError, match=r"differs from the receipt's digest_after"):
+        MemoryService(server.store)
+    mem = ForgettableMemory.load(old)  # the true history, continued: served
+    mem.forget("r2")
+    mem.add([8.0, 8.0], "later", record_id="later")
+    mem.save(server.store)
+    with MemoryService(server.store) as service:
+        assert service.n_records == 6
+
+
 def test_a_torn_receipt_line_is_dropped_at_start(tmp_path):
     store = tmp_path / "s.svtk"
     make_store(store)
-    service = MemoryService(store)
-    service.forget("r0")
+    with MemoryService(store) as service:
+        service.forget("r0")
     log = str(store) + ".receipts.jsonl"
     with open(log, "ab") as fh:
         fh.write(b'{"operation": "forg')
-    assert MemoryService(store).receipts()["total"] == 1
+    with MemoryService(store) as service:
+        assert service.receipts()["total"] == 1
     assert open(log, "rb").read().endswith(b"}\n")
 
 

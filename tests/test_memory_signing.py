@@ -260,3 +260,34 @@ def test_cli_sign_and_key_required(tmp_path, capsys, monkeypatch):
     # --key (a record key) is never read as an abbreviation of --key-file
     with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
         main(["memory", "list", str(store), "--key", str(key_file)])
+
+
+def test_a_signed_store_is_never_written_without_its_key(saved):
+    data = saved.read_bytes()
+    unkeyed = ForgettableMemory.load(saved)  # reads without the key (MAC unchecked)
+    unkeyed.forget("k1")
+    with pytest.raises(ValueError, match=r"is a signed store: saving this memory without its "
+                                         r"signing key would replace it unsigned"):
+        unkeyed.save(saved)
+    assert saved.read_bytes() == data
+    unkeyed.save(saved, key=KEY)  # with the key it is written, signed
+    assert ForgettableMemory.load(saved, key=KEY).revision == 13
+
+
+@pytest.mark.parametrize("argv", [
+    ["add", "--key", "0,0,0", "--value", "x", "--id", "new"],
+    ["forget", "k1"],
+    ["edit", "k1", "--value", "changed"],
+])
+def test_the_cli_refuses_to_write_a_signed_store_without_its_key(saved, capsys, monkeypatch,
+                                                                 tmp_path, argv):
+    monkeypatch.delenv("SVTOOLKIT_MEMORY_KEY", raising=False)
+    data = saved.read_bytes()
+    code, _, err = cli(capsys, argv[0], saved, *argv[1:])
+    assert code == 1 and "is signed: give its key (--key-file PATH" in err
+    assert saved.read_bytes() == data
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY)
+    code, _, err = cli(capsys, argv[0], saved, *argv[1:], "--key-file", key_file)
+    assert code == 0, err
+    assert ForgettableMemory.load(saved, key=KEY).revision == 13

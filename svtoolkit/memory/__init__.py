@@ -19,6 +19,7 @@ rolling audit), ``_errors``; the local service: ``_service`` (state rules), ``se
 """
 
 from ._atomic import store_lock
+from ._codec import MAX_RECORD_ID_BYTES, MAX_VALUE_BYTES, MAX_VALUE_DEPTH
 from ._errors import (
     BudgetExceededWarning,
     DurabilityWarning,
@@ -26,6 +27,7 @@ from ._errors import (
     MemoryFileError,
     ReceiptError,
     StaleStateError,
+    StoreOwnedError,
 )
 from ._format import FORMAT_VERSION, KKT_TOL, READABLE_VERSIONS
 from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, Hit, verify_receipt
@@ -63,12 +65,16 @@ __all__ = [
     "MemoryAuthenticationError",
     "ReceiptError",
     "StaleStateError",
+    "StoreOwnedError",
     "BudgetExceededWarning",
     "DurabilityWarning",
     "FORMAT_VERSION",
     "READABLE_VERSIONS",
     "KKT_TOL",
     "MIN_KEY_BYTES",
+    "MAX_RECORD_ID_BYTES",
+    "MAX_VALUE_DEPTH",
+    "MAX_VALUE_BYTES",
     "DEFAULT_MIN_SIMILARITY",
     "FRESH_KKT_WORK",
 ]

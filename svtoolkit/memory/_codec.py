@@ -5,7 +5,21 @@ from __future__ import annotations
 import json
 
 __all__ = ["encode_value", "decode_value", "check_utf8", "check_record_id",
-           "non_canonical_values"]
+           "check_new_record_id", "non_canonical_values", "MAX_RECORD_ID_BYTES",
+           "MAX_VALUE_DEPTH", "MAX_VALUE_BYTES"]
+
+#: Longest id a new record may have, in UTF-8 bytes. Percent-encoded in a URL path an id takes
+#: at most three times as many characters, far inside what an HTTP request line may hold, so a
+#: record added through any entry point can always be read and forgotten through the server.
+MAX_RECORD_ID_BYTES = 1024
+#: Deepest nesting of lists and objects in a value (or metadata) accepted at input. An answer
+#: wraps a value in a few levels of its own (a page of records: three), and Python's JSON
+#: encoder and decoder stop near 1000 levels, so every accepted value can be listed, queried
+#: and reloaded.
+MAX_VALUE_DEPTH = 64
+#: Largest value accepted at input, in bytes of its canonical JSON (UTF-8). The server's own
+#: bound (``--max-value-bytes``, 64 KiB by default) is at most this.
+MAX_VALUE_BYTES = 1024 * 1024
 
 _CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"),
                               allow_nan=False)
@@ -30,9 +44,11 @@ def encode_value(value, name="value"):
     TypeError
         Not JSON, or does not survive a JSON round trip unchanged.
     ValueError
-        Nested too deeply to encode, or a string holds an unpaired UTF-16 surrogate (not
-        encodable as UTF-8, so it could be neither hashed nor saved).
+        Nested more than :data:`MAX_VALUE_DEPTH` levels, larger than :data:`MAX_VALUE_BYTES`,
+        or a string holds an unpaired UTF-16 surrogate (not encodable as UTF-8, so it could be
+        neither hashed nor saved).
     """
+    _check_depth(value, name)
     try:
         text = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
                           allow_nan=False)
@@ -50,7 +66,29 @@ def encode_value(value, name="value"):
             "non-str dict keys become strings); pass the JSON form"
         )
     check_utf8(text, name)
+    size = len(text.encode("utf-8"))
+    if size > MAX_VALUE_BYTES:
+        raise ValueError(f"{name} is {size} bytes of JSON, more than the largest accepted "
+                         f"({MAX_VALUE_BYTES} bytes)")
     return text
+
+
+def _check_depth(value, name):
+    """Refuse a value with lists / dicts nested more than :data:`MAX_VALUE_DEPTH` deep.
+
+    Iterative (a deeper value must be refused without exhausting Python's stack); an object
+    met twice on one path (a cycle) is refused by the JSON encoder afterwards, and cannot
+    be deeper than the bound here without being refused.
+    """
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple, dict)):
+            if depth == MAX_VALUE_DEPTH:
+                raise ValueError(f"{name} is nested too deeply: more than {MAX_VALUE_DEPTH} "
+                                 "levels of lists and objects")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
 
 
 def decode_value(text):
@@ -117,4 +155,18 @@ def check_record_id(record_id):
     if not record_id:
         raise ValueError("record_id must be a non-empty string")
     check_utf8(record_id, "record_id")
+    return record_id
+
+
+def check_new_record_id(record_id):
+    """:func:`check_record_id`, and at most :data:`MAX_RECORD_ID_BYTES` bytes of UTF-8.
+
+    The length bound is for ids of new records only: a file written before it may hold
+    longer ids, which still load and can be forgotten.
+    """
+    check_record_id(record_id)
+    if len(record_id) > MAX_RECORD_ID_BYTES or \
+            len(record_id.encode("utf-8")) > MAX_RECORD_ID_BYTES:
+        raise ValueError(f"record_id is {len(record_id.encode('utf-8'))} bytes of UTF-8, "
+                         f"more than the longest accepted ({MAX_RECORD_ID_BYTES})")
     return record_id

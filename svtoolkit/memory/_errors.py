@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["MemoryFileError", "MemoryAuthenticationError", "BudgetExceededWarning",
-           "DurabilityWarning", "ReceiptError", "StaleStateError"]
+           "DurabilityWarning", "ReceiptError", "StaleStateError", "StoreOwnedError"]
 
 
 class MemoryFileError(ValueError):
@@ -40,3 +40,8 @@ class ReceiptError(ValueError):
 
 class StaleStateError(ValueError):
     """A memory older than a receipt it should follow: a replayed or rolled-back file."""
+
+
+class StoreOwnedError(OSError):
+    """A write refused because a running server owns the store (it holds the store's lock
+    from start to stop); the message names the server's address (``--server URL``)."""

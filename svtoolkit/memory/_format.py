@@ -22,7 +22,7 @@ from ._signing import MAC_BYTES, file_mac, macs_equal
 
 __all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "MAGIC", "KKT_TOL", "FileContents",
            "serialize", "parse_file", "parse_tombstones", "check_solver_numbers",
-           "check_maintained_numbers"]
+           "check_maintained_numbers", "is_signed_file"]
 
 #: Version of the file format written by :meth:`ForgettableMemory.save`.
 FORMAT_VERSION = 2
@@ -86,6 +86,23 @@ class FileContents:
     digest: str
     solver_state: dict
     audit_cursor: tuple = (0, 0)
+
+
+def is_signed_file(path):
+    """True when ``path`` is a memory file whose flags say it carries an HMAC.
+
+    Reads the fixed binary header only (no checksum, no MAC check); False for a file that does
+    not exist, is shorter than the header, is not a memory file or is of version 1.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_HEADER.size)
+    except FileNotFoundError:
+        return False
+    if len(head) < _HEADER.size:
+        return False
+    magic, version, flags, _ = _HEADER.unpack(head)
+    return magic == MAGIC and version >= 2 and bool(flags & _SIGNED)
 
 
 # ---------------------------------------------------------------------------- writing

@@ -6,10 +6,14 @@ parsed JSON object; every answer is a JSON-serialisable dict.
 
 Rules kept here:
 
-* **One writer at a time, concurrent readers.** A readers-writer lock in the process; a writer
-  also holds the store's cross-process :func:`~svtoolkit.memory.store_lock` around its change
-  and its save, and first checks that no other process replaced the file since the server's
-  last load or save (otherwise the change is refused, and nothing changes).
+* **The server owns its store.** From start to :meth:`MemoryService.close` (or the process's
+  end) it holds the store's lock (:class:`~svtoolkit.memory._atomic.StoreOwnership`): every
+  other writer (the command line, a second server, :meth:`ForgettableMemory.save` in another
+  process) is refused with a message naming the server's address. Every request first checks
+  that the file is still the one the server last loaded or saved; a file replaced anyway (by
+  a program that ignores the lock) is refused for reads and writes alike, so no answer ever
+  comes from a state the file no longer holds.
+* **One writer at a time, concurrent readers.** A readers-writer lock in the process.
 * **Saved before acknowledged.** A change that moved the memory is saved atomically
   (:meth:`ForgettableMemory.save`) before its answer is returned. If anything fails after the
   memory moved (a failed save, a solver failure), the memory is reloaded from the file, which
@@ -19,9 +23,9 @@ Rules kept here:
   shape, text keys, the value-size bound, paging) is checked here.
 * **Receipts.** Every receipt (forget, edit) is appended to ``REALPATH.receipts.jsonl`` (one
   JSON object per line, fsync'd) after the store's save and before the answer; with a signing
-  key they carry its MAC, and at start-up every logged receipt is verified and the newest is
-  checked against the store (:meth:`ForgettableMemory.check_receipt`: a replayed or rolled-back
-  store is refused).
+  key they carry its MAC, and at start-up every logged receipt is verified; signed or not, a
+  store older than the newest logged receipt (a lower revision, or the same revision with
+  another digest) is refused: it was rolled back or replayed.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import time
 import warnings
 
 from . import _atomic, _format
-from ._errors import MemoryFileError, ReceiptError
+from ._errors import MemoryFileError, ReceiptError, StaleStateError
 from ._receipts import verify_receipt
 from ._store import ForgettableMemory
 
@@ -53,7 +57,8 @@ _RECEIPT_FIELDS = ("operation", "record_id", "time", "digest_before", "digest_af
 
 
 class StoreChangedError(RuntimeError):
-    """The store file was replaced by another process since the server loaded or saved it."""
+    """The store file was replaced by another process since the server loaded or saved it
+    (by a program that ignored the server's lock)."""
 
 
 class ServiceUnavailable(RuntimeError):
@@ -212,8 +217,10 @@ class MemoryService:
     ------
     MemoryFileError
         The store (or its receipt log) does not load, or is signed and no key was given.
-    StaleStateError, ReceiptError
-        With a key: the newest logged receipt is newer than the store, or does not verify.
+    StaleStateError
+        The newest logged receipt is newer than the store (signed or not).
+    ReceiptError
+        With a key: a logged receipt does not verify.
     """
 
     def __init__(self, store, *, signing_key=None, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
@@ -224,11 +231,15 @@ class MemoryService:
         self._rw = _ReadWriteLock()
         self._broken = None
         self._latest_audit = None
-        with _atomic.store_lock(self.path):
+        self._owner = _atomic.StoreOwnership(self.path)
+        try:
             self._mem = self._load()
             self._receipts = _ReceiptLog(self.path + ".receipts.jsonl")
             self._check_receipts()
             self._identity = _identity(self.path)
+        except BaseException:
+            self._owner.release()
+            raise
         self.text_keys = self._mem.metadata.get("encoder") is not None
         self._encode = encoder
         self._encode_lock = threading.Lock()
@@ -246,6 +257,21 @@ class MemoryService:
             self._encode = lambda text: model.encode(text)[0]
 
     # ------------------------------------------------------------------ state
+    def announce(self, url):
+        """Name the server's address in the store's lock file (other writers' refusals say
+        ``--server URL``)."""
+        self._owner.announce(url)
+
+    def close(self):
+        """Give up the store (other writers may write it again); idempotent."""
+        self._owner.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def _load(self):
         mem = ForgettableMemory.load(self.path, key=self._key)
         if self._key is None and _format.parse_file(_atomic.read_file(self.path), None).signed:
@@ -255,14 +281,22 @@ class MemoryService:
         return mem
 
     def _check_receipts(self):
+        """Refuse a store older than its receipt log (signed or not), or a forged log entry."""
         entries = self._receipts.entries
-        if self._key is None or not entries:
+        if not entries:
             return
-        for number, entry in enumerate(entries, 1):
-            if not verify_receipt(entry, self._key):
-                raise ReceiptError(f"{self._receipts.path}: receipt {number} does not verify "
-                                   "with the store's key")
-        self._mem.check_receipt(entries[-1])
+        if self._key is not None:
+            for number, entry in enumerate(entries, 1):
+                if not verify_receipt(entry, self._key):
+                    raise ReceiptError(f"{self._receipts.path}: receipt {number} does not "
+                                       "verify with the store's key")
+        try:
+            self._mem._check_not_older(entries[-1])
+        except StaleStateError as exc:
+            raise StaleStateError(
+                f"{self.path}: {exc}; its receipt log {self._receipts.path} holds later "
+                "operations, so the store was rolled back or replaced by an older copy (which "
+                "can hold forgotten records): the server refuses to serve it") from None
 
     @property
     def signed(self):
@@ -287,10 +321,23 @@ class MemoryService:
         if self._broken is not None:
             raise ServiceUnavailable(self._broken)
 
+    def _check_unchanged(self):
+        """Refuse to answer when the file is not the one this server last loaded or saved."""
+        try:
+            current = _identity(self.path)
+        except FileNotFoundError:
+            current = None
+        if current != self._identity:
+            raise StoreChangedError(
+                f"{self.path} was replaced by another process although this server owns it; "
+                "nothing is answered from a state the file may no longer hold (restart the "
+                "server to serve the file's state)")
+
     @contextlib.contextmanager
     def _reading(self):
         with self._rw.read():
             self._check_usable()
+            self._check_unchanged()
             yield self._mem
 
     def _mutate(self, fn, *, receipt=False):
@@ -306,16 +353,9 @@ class MemoryService:
         notes : list of str
             The warnings issued (over budget, a committed save whose directory fsync failed).
         """
-        with self._rw.write(), _atomic.store_lock(self.path):
+        with self._rw.write(), self._owner.writing():
             self._check_usable()
-            try:
-                current = _identity(self.path)
-            except FileNotFoundError:
-                current = None
-            if current != self._identity:
-                raise StoreChangedError(
-                    f"{self.path} was replaced by another process since this server loaded "
-                    "it; the change is refused (restart the server to serve the file's state)")
+            self._check_unchanged()
             mem = self._mem
             revision = mem.revision
             # one writer at a time, and readers issue no warnings: recording them is safe here

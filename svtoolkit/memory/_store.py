@@ -21,7 +21,8 @@ from .._validation import as_key, as_keys, check_option, check_positive, check_s
 from ..exact import IncrementalSVDD, SolverFailure
 from . import _atomic, _format, _table
 from ._audit import RollingAudit
-from ._codec import check_record_id, check_utf8, decode_value, encode_value, non_canonical_values
+from ._codec import (check_new_record_id, check_record_id, check_utf8, decode_value,
+                     encode_value, non_canonical_values)
 from ._errors import BudgetExceededWarning, MemoryFileError, ReceiptError, StaleStateError
 from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, Hit, verify_receipt
 from ._signing import check_key, receipt_mac
@@ -342,7 +343,7 @@ class ForgettableMemory:
         """
         if record_id is None:
             return self._free_auto_id(self._next_auto)
-        check_record_id(record_id)
+        check_new_record_id(record_id)
         if record_id in self._table:
             raise ValueError(f"duplicate record id {record_id!r}: it is already held "
                              "(use edit() to change it)")
@@ -464,10 +465,12 @@ class ForgettableMemory:
             Finite numbers; d is fixed by the first record.
         value : JSON value
             str, int, float, bool, None, or lists / str-keyed dicts of those (stored as
-            canonical JSON; never pickled).
+            canonical JSON; never pickled), nested at most :data:`MAX_VALUE_DEPTH` (64)
+            levels and at most :data:`MAX_VALUE_BYTES` (1 MiB) of canonical JSON.
         record_id : str, optional
-            A new id; by default ``"r0"``, ``"r1"``, ... (skipping ids in use or forgotten).
-            A forgotten or evicted id may be reused.
+            A new id, at most :data:`MAX_RECORD_ID_BYTES` (1024) bytes of UTF-8; by default
+            ``"r0"``, ``"r1"``, ... (skipping ids in use or forgotten). A forgotten or
+            evicted id may be reused.
 
         Returns
         -------
@@ -481,8 +484,9 @@ class ForgettableMemory:
         Raises
         ------
         ValueError
-            Wrong dimension, NaN/inf in the key, empty or duplicate record id, a record id or
-            value with an unpaired UTF-16 surrogate (not encodable as UTF-8).
+            Wrong dimension, NaN/inf in the key, empty, too long or duplicate record id, a
+            value nested too deeply or too large, a record id or value with an unpaired
+            UTF-16 surrogate (not encodable as UTF-8).
         TypeError
             Non-numeric key, non-str record id, value that is not JSON.
         SolverFailure
@@ -916,6 +920,11 @@ class ForgettableMemory:
 
         Raises
         ------
+        ValueError
+            There is no key (neither ``key`` nor the memory's own) and ``path`` is a signed
+            store: it would be replaced unsigned. Nothing is written.
+        StoreOwnedError
+            A running server owns the store (it holds the store's lock); nothing is written.
         OSError
             The file could not be written (before the commit point; nothing changed).
 
@@ -926,6 +935,11 @@ class ForgettableMemory:
         """
         key = self._signing_key if key is None else check_key(key)
         with self._lock:
+            if key is None and _format.is_signed_file(_atomic.resolve(path)):
+                raise ValueError(
+                    f"{path} is a signed store: saving this memory without its signing key "
+                    "would replace it unsigned (load it with key=..., or pass key= to save); "
+                    "nothing was written")
             _atomic.atomic_write(path, self._serialize(key))
 
     def _serialize(self, key):
@@ -1145,6 +1159,14 @@ class ForgettableMemory:
             raise ReceiptError("the receipt's MAC does not verify with this memory's key "
                                "(unsigned, altered, or signed with another key)")
         fields = receipt.signed_fields() if isinstance(receipt, DeletionReceipt) else receipt
+        self._check_not_older(fields)
+
+    def _check_not_older(self, fields):
+        """Refuse this memory when it is older than a receipt's fields (no MAC check here).
+
+        The rule of :meth:`check_receipt`, also applied by the server to an unsigned store
+        and the newest receipt of its log.
+        """
         revision, digest = fields["revision"], fields["digest_after"]
         if isinstance(revision, bool) or not isinstance(revision, int):
             raise ReceiptError(f"the receipt has no revision (got {revision!r})")

@@ -23,13 +23,21 @@ import sys
 import traceback
 
 from ..exact import SolverFailure
+from ._codec import MAX_VALUE_BYTES
 from ..exact._warmup import warm_walk
 from ._service import (DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE, MemoryService,
                        ServiceUnavailable, StoreChangedError, TooLarge)
 
-__all__ = ["create_app", "serve", "DEFAULT_PORT", "DEFAULT_MAX_BODY_BYTES"]
+__all__ = ["create_app", "serve", "DEFAULT_PORT", "DEFAULT_MAX_BODY_BYTES",
+           "DEFAULT_REQUEST_TIMEOUT", "MAX_WAITING_PER_CLIENT", "MAX_CONNECTIONS"]
 
 DEFAULT_PORT = 8765
+#: Seconds a connection has to deliver a whole request (see :func:`serve`).
+DEFAULT_REQUEST_TIMEOUT = 10.0
+#: Connections of one client address that may wait for their request at once.
+MAX_WAITING_PER_CLIENT = 32
+#: Connections and requests in progress at once; beyond, requests get 503.
+MAX_CONNECTIONS = 512
 #: Largest request body accepted, in bytes.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 #: Paths answered without a token: the health probe, and the audit page (static code, no data:
@@ -96,6 +104,14 @@ def _message_of(exc):
     return str(exc)
 
 
+async def _send_json(send, status, payload, headers=()):
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class _Guard:
     """ASGI middleware: the bearer token (constant-time check) and security headers."""
 
@@ -103,6 +119,14 @@ class _Guard:
         self.app = app
         self._expected = f"Bearer {token}".encode("ascii")
         self._page_policy = page_policy.encode("ascii")
+        #: Host header values accepted (None: any; :func:`serve` sets the bound address).
+        self.allowed_hosts = None
+
+    def _host_allowed(self, scope):
+        if self.allowed_hosts is None:
+            return True
+        hosts = [value for name, value in scope.get("headers", ()) if name == b"host"]
+        return len(hosts) == 1 and hosts[0].lower() in self.allowed_hosts
 
     def _authorized(self, scope):
         for name, value in scope.get("headers", ()):
@@ -123,21 +147,24 @@ class _Guard:
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
+        if not self._host_allowed(scope):
+            # a page of another origin whose name was rebound to this address (DNS rebinding)
+            # sends its own name: refused before anything else, the token included
+            await _send_json(send_with_headers, 421, {
+                "error": "the Host header does not name this server's address (requests "
+                         "through another name are refused: DNS rebinding)",
+                "type": "MisdirectedRequest"})
+            return None
         if path.startswith(_RECORD_PREFIX):
             # the id is taken here, not by a route pattern: Starlette's patterns stop at a
             # newline and accept one at the end, so "a\n" would match as "a"
             scope = {**scope, "path": _RECORD_ROUTE, "raw_path": _RECORD_ROUTE.encode(),
                      _RECORD_ID: path[len(_RECORD_PREFIX):]}
         if path not in _OPEN_PATHS and not self._authorized(scope):
-            body = json.dumps({"error": "a valid bearer token is required "
-                               "(Authorization: Bearer TOKEN)",
-                               "type": "AuthenticationError"}).encode()
-            await send_with_headers({
-                "type": "http.response.start", "status": 401,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"www-authenticate", b'Bearer realm="svtoolkit-memory"')]})
-            await send({"type": "http.response.body", "body": body})
+            await _send_json(send_with_headers, 401, {
+                "error": "a valid bearer token is required (Authorization: Bearer TOKEN)",
+                "type": "AuthenticationError"},
+                [(b"www-authenticate", b'Bearer realm="svtoolkit-memory"')])
             return None
         return await self.app(scope, receive, send_with_headers)
 
@@ -221,6 +248,7 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
     from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import HTMLResponse, JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
 
     from .client import MIN_TOKEN_CHARS, _TOKEN
 
@@ -231,6 +259,9 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
                         ("max_value_bytes", max_value_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+    if max_value_bytes > MAX_VALUE_BYTES:
+        raise ValueError(f"max_value_bytes must be at most {MAX_VALUE_BYTES} (the memory's own "
+                         f"bound on a value); got {max_value_bytes}")
     service = MemoryService(store, signing_key=signing_key, max_value_bytes=max_value_bytes,
                             encoder=encoder, encoder_threads=encoder_threads)
     html, policy = _page()
@@ -251,11 +282,15 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
             raise _HTTPError(413, f"request body larger than {max_body_bytes} bytes",
                              "TooLarge")
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > max_body_bytes:
-                raise _HTTPError(413, f"request body larger than {max_body_bytes} bytes",
-                                 "TooLarge")
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > max_body_bytes:
+                    raise _HTTPError(413, f"request body larger than {max_body_bytes} bytes",
+                                     "TooLarge")
+        except ClientDisconnect:  # gone mid-body (or dropped for being slow): nothing to do
+            raise _HTTPError(400, "the client disconnected before sending the whole body",
+                             "ClientDisconnect") from None
         try:
             return json.loads(bytes(data).decode("utf-8"))
         except RecursionError:
@@ -350,6 +385,71 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
     return guard
 
 
+def _bounded_protocol(*, request_timeout, max_waiting):
+    """uvicorn's h11 protocol, with a bound on slow and idle clients.
+
+    A connection must deliver a whole request (headers and body) within ``request_timeout``
+    seconds of connecting or of the end of its previous response, otherwise it is closed.
+    At most ``max_waiting`` connections of one client address may be waiting for their
+    request at once: one more closes that client's oldest waiting connection (a client
+    that sends its request at once is never the oldest for long). Connections whose request
+    has arrived are not touched (a long answer, an audit, is not cut).
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting = {}  # client address -> connections waiting for a request, oldest first
+
+    class Bounded(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._deadline = None
+            self._wait_for_request()
+
+        def _peer(self):
+            return self.client[0] if self.client else None
+
+        def _wait_for_request(self):
+            queue = waiting.setdefault(self._peer(), [])
+            if self not in queue:
+                queue.append(self)
+            while len(queue) > max_waiting:
+                queue[0]._drop()
+            self._deadline = self.loop.call_later(request_timeout, self._drop)
+
+        def _stop_waiting(self):
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            queue = waiting.get(self._peer())
+            if queue is not None and self in queue:
+                queue.remove(self)
+                if not queue:
+                    del waiting[self._peer()]
+
+        def _drop(self):
+            self._stop_waiting()
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def data_received(self, data):
+            super().data_received(data)
+            if self._deadline is not None and self.conn.their_state not in (h11.IDLE,
+                                                                           h11.SEND_BODY):
+                self._stop_waiting()  # the whole request is in
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._wait_for_request()  # the next request on this connection
+
+        def connection_lost(self, exc):
+            self._stop_waiting()
+            super().connection_lost(exc)
+
+    return Bounded
+
+
 def _is_loopback(host):
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -362,14 +462,23 @@ def _listen(host, port):
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(address)
-    sock.listen(128)
+    sock.listen(MAX_CONNECTIONS)
     sock.set_inheritable(True)
     return sock
 
 
+def _allowed_hosts(host, port):
+    """Host header values naming the bound address (and ``localhost`` for a loopback one)."""
+    shown = f"[{host}]" if ":" in host else host
+    names = {shown}
+    if _is_loopback(host):
+        names |= {"localhost", "127.0.0.1", "[::1]"}
+    return frozenset(f"{name}:{port}".lower().encode("ascii") for name in names)
+
+
 def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None,
           max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
-          encoder_threads=1):
+          encoder_threads=1, request_timeout=DEFAULT_REQUEST_TIMEOUT):
     """Serve ``store`` over HTTP until interrupted (SIGINT / SIGTERM).
 
     One process, one event loop; requests run in a thread pool (reads concurrently, one
@@ -386,20 +495,41 @@ def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None
     port : int, default 8765
     signing_key, max_body_bytes, max_value_bytes, encoder_threads
         As in :func:`create_app`.
+    request_timeout : float, default 10
+        Seconds a connection has to deliver a whole request (headers and body) after it
+        connects or after its previous answer; slower or idle connections are closed. At
+        most :data:`MAX_WAITING_PER_CLIENT` connections of one client address wait for their
+        request at once (one more closes its oldest waiting connection).
+
+    Requests whose Host header does not name the bound address (``localhost`` too, for a
+    loopback address) are refused with 421 (DNS rebinding).
     """
+    if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)) or \
+            not 0 < request_timeout < float("inf"):
+        raise ValueError(f"request_timeout must be a number of seconds > 0; got "
+                         f"{request_timeout!r}")
     _, uvicorn = _require_framework()
     app = create_app(store, token=token, signing_key=signing_key,
                      max_body_bytes=max_body_bytes, max_value_bytes=max_value_bytes,
                      encoder_threads=encoder_threads)
-    warm_walk()  # Numba's one-time start-up here, not in the first change's response
-    sock = _listen(host, port)
-    bound = sock.getsockname()[1]
-    if not _is_loopback(host):
-        print(f"warning: listening on {host}, not a loopback address: plain HTTP carries the "
-              "token and the records unencrypted (put a TLS proxy in front)", file=sys.stderr)
-    shown = f"[{host}]" if ":" in host else host
-    print(f"serving {store} ({app.service.n_records} records) on http://{shown}:{bound}",
-          flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
-                            timeout_keep_alive=5, limit_concurrency=128)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        warm_walk()  # Numba's one-time start-up here, not in the first change's response
+        sock = _listen(host, port)
+        bound = sock.getsockname()[1]
+        if not _is_loopback(host):
+            print(f"warning: listening on {host}, not a loopback address: plain HTTP carries "
+                  "the token and the records unencrypted (put a TLS proxy in front)",
+                  file=sys.stderr)
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{bound}"
+        app.service.announce(url)  # other writers' refusals name it
+        app.allowed_hosts = _allowed_hosts(host, bound)
+        protocol = _bounded_protocol(request_timeout=float(request_timeout),
+                                     max_waiting=MAX_WAITING_PER_CLIENT)
+        config = uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
+                                server_header=False, timeout_keep_alive=5,
+                                limit_concurrency=MAX_CONNECTIONS)
+        print(f"serving {store} ({app.service.n_records} records) on {url}", flush=True)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        app.service.close()
