@@ -40,7 +40,20 @@ _EXPORTS = {
 _SUBMODULES = ("exact", "kernels", "memory")
 
 
+def _version():
+    """The installed distribution's version: pyproject.toml is its only home."""
+    # importlib.metadata costs ~50 ms to import, so it loads on first use of __version__.
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(__name__)
+    except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
+        return "0+unknown"
+
+
 def __getattr__(name):
+    if name == "__version__":
+        return _version()
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     if name in _SUBMODULES:
@@ -51,8 +64,6 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(__all__))
 
-
-__version__ = "0.1.0.dev0"
 
 __all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "rbf_kernel", "warmup",
            "__version__",

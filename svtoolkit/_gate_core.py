@@ -38,6 +38,8 @@ __all__ = [
     "GateOptions",
     "GateResult",
     "PREFIX_WEIGHTINGS",
+    "QK_NORMS",
+    "RAW_QK_SIGMA",
     "as_index",
     "bad_exclude",
     "bucket_width",
@@ -47,6 +49,7 @@ __all__ = [
     "check_ridge",
     "chunk_ends",
     "count_threshold",
+    "default_sigma",
     "dtype_name",
     "exact_prefix_gates",
     "unsupported_dtype",
@@ -86,6 +89,23 @@ GATE_MODES = ("svdd", "uniform")
 GATE_UPDATES = ("chunk", "token")
 #: ``prefix_weighting=`` of the hybrid: multipliers ``a / C`` (default) or the raw ``a``.
 PREFIX_WEIGHTINGS = ("normalized", "raw")
+#: ``qk_norm=``: per-head RMS-normalised queries and keys (default; ``||q|| = ||k|| = sqrt(D)``)
+#: or the raw learned projections (the layer of Forgetful Attention (arXiv:2607.12204), §3.1).
+QK_NORMS = ("rms", "none")
+#: Default RBF width with ``qk_norm="none"``: the fixed bandwidth 2 of Forgetful Attention's
+#: reference implementation (its ``kpar``, in the same ``exp(-|a - b|^2 / sigma^2)`` convention).
+RAW_QK_SIGMA = 2.0
+
+
+def default_sigma(qk_norm, head_dim):
+    """The RBF width of an SV layer built with ``sigma=None``.
+
+    ``sqrt(2 D)`` for ``qk_norm="rms"`` (on keys of norm ``sqrt(D)`` typical kernel values are
+    then near ``exp(-1)``), :data:`RAW_QK_SIGMA` for ``qk_norm="none"`` (a fixed width: the
+    learned projections set the scale, so they can sharpen the kernel).
+    """
+    qk_norm = check_option(qk_norm, "qk_norm", QK_NORMS)
+    return math.sqrt(2.0 * head_dim) if qk_norm == "rms" else RAW_QK_SIGMA
 
 
 @dataclass(frozen=True)

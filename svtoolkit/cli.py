@@ -386,6 +386,8 @@ def _parser():
         prog="svtoolkit",
         description="svtoolkit: forgettable attention memory (exact fp64 SVDD gate).",
     )
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"svtoolkit {__version__}")
     top = parser.add_subparsers(dest="group", required=True)
     memory = top.add_parser(
         "memory", help="a key-value memory with exact deletion and certified eviction",

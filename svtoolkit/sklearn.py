@@ -23,12 +23,16 @@ import math
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import BaseEstimator, OutlierMixin, _fit_context
-from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .exact import IncrementalSVDD, SolverFailure
-from ._rules import FEASIBILITY_TOL
+from ._optional import require
+
+require("sklearn", feature="svtoolkit.sklearn")
+
+from sklearn.base import BaseEstimator, OutlierMixin, _fit_context  # noqa: E402
+from sklearn.utils._param_validation import Interval, StrOptions  # noqa: E402
+from sklearn.utils.validation import check_is_fitted, validate_data  # noqa: E402
+
+from .exact import IncrementalSVDD, SolverFailure  # noqa: E402
 
 __all__ = ["IncrementalOneClassSVM"]
 
@@ -57,7 +61,8 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         Reference size for ``C = 1 / (nu * n0)``; None takes the number of samples at
         :meth:`fit`. C stays fixed through :meth:`partial_fit` and :meth:`forget`, so the model
         held is always ``OneClassSVM(nu=1 / (C * n))`` on the ``n`` samples held. Fix ``n0``
-        to compare or chain fits of different sizes under one C.
+        to compare or chain fits of different sizes under one C, or to stream samples in
+        chunks smaller than ``nu * n0`` (see Notes: warm-up).
 
     Attributes
     ----------
@@ -85,7 +90,8 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
     dual_coef_ : ndarray of shape (1, n_SV)
         libsvm-scaled coefficients ``a / C`` in [0, 1], summing to ``nu * n0``.
     offset_ : float
-        ``decision_function = score_samples - offset_``; equals ``(1 - rho) / (2 C)``.
+        ``decision_function = score_samples - offset_``; equals ``(1 - rho) / (2 C)``. NaN
+        during warm-up.
     intercept_ : ndarray of shape (1,)
         ``-offset_``.
     n_features_in_ : int
@@ -101,6 +107,15 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
 
     Notes
     -----
+    **Warm-up.** ``n`` samples can satisfy ``sum(a) = 1, a <= C`` only once ``n C >= 1``,
+    i.e. ``n >= nu * n0``. With fewer samples held (a fit or first chunks smaller than that,
+    or after :meth:`forget`) the estimator is fitted but in warm-up: the solver holds the
+    samples (each at its exact increment, the missing mass on a virtual anchor), no one-class
+    SVM solution exists yet, and :meth:`decision_function`, :meth:`score_samples` and
+    :meth:`predict` raise ``ValueError`` saying how many samples are missing. The samples
+    that complete ``nu * n0`` end it; the model is then what one :meth:`fit` of all the
+    samples gives. ``solver_.certified`` is False during warm-up.
+
     ``predict`` is +1 where ``decision_function >= 0`` (scikit-learn's outlier-detector
     convention); ``OneClassSVM.predict`` returns -1 at exactly 0 (libsvm tests ``> 0``).
 
@@ -113,7 +128,7 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
     >>> est = est.partial_fit(X[40:])  # ids 40..59
     >>> est = est.forget([3, 41])      # exact deletion of two fitted samples
     >>> est.sample_ids_.shape, est.predict(X[:3]).tolist()
-    ((58,), [1, 1, 1])
+    ((58,), [-1, 1, 1])
     """
 
     _parameter_constraints: dict = {
@@ -144,8 +159,8 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Bad input (NaN, inf, wrong shape), or fewer than ``nu * n0`` samples (then no
-            coefficients satisfy ``sum(a) = 1, a <= C``). The estimator is unchanged.
+            Bad input (NaN, inf, wrong shape). The estimator is unchanged. Fewer than
+            ``nu * n0`` samples are accepted: the estimator is then in warm-up (see Notes).
         SolverFailure
             An exact walk failed (numerically degenerate data); the estimator is unchanged.
         """
@@ -206,26 +221,20 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         TypeError
             Ids that are not integers.
         ValueError
-            Repeated ids, or a deletion that would leave fewer than ``nu * n0_`` samples
-            (``n * C < 1``: no coefficients satisfy the constraints); add samples with
-            :meth:`partial_fit` first, or refit with a smaller ``n0``.
+            Repeated ids.
         KeyError
             An id that was never fitted or was already forgotten.
 
-        Every check runs before anything is deleted; a refused call changes nothing. If an
-        exact walk fails part-way, the model is restored to its state before the call and
-        :class:`~svtoolkit.SolverFailure` is raised.
+        A deletion that leaves fewer than ``nu * n0_`` samples is not refused: the estimator
+        returns to warm-up (see Notes) until :meth:`partial_fit` brings the samples back to
+        ``nu * n0_``. Every check runs before anything is deleted; a refused call changes
+        nothing. If an exact walk fails part-way, the model is restored to its state before
+        the call and :class:`~svtoolkit.SolverFailure` is raised.
         """
         check_is_fitted(self)
         wanted = self._checked_ids(ids)
         if len(wanted) == 0:
             return self
-        remaining = len(self.solver_) - len(wanted)
-        if not self._feasible(remaining, self.C_):
-            raise ValueError(
-                f"forget would leave {remaining} samples, but C = 1/(nu*n0) = {self.C_:.6g} "
-                f"needs at least nu*n0 = {1.0 / self.C_:.6g} of them (n * C >= 1); nothing was "
-                "forgotten. Add samples with partial_fit first, or refit with a smaller n0")
         backup = self.solver_.copy()
         try:
             for sample_id in wanted:
@@ -281,11 +290,6 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         """A fresh solver on validated ``X``; the estimator's state is replaced only on success."""
         gamma = self._resolve_gamma(X)
         n0 = X.shape[0] if self.n0 is None else int(self.n0)
-        C = 1.0 / (self.nu * n0)
-        if not self._feasible(X.shape[0], C):
-            raise ValueError(
-                f"fit needs at least nu*n0 = {self.nu * n0:.6g} samples (n * C >= 1 with "
-                f"C = 1/(nu*n0)); got {X.shape[0]}. Pass more samples or a smaller n0")
         solver = IncrementalSVDD.from_nu(self.nu, n0, sigma=1.0 / math.sqrt(gamma))
         solver.extend(X)
         self.solver_, self.gamma_, self.n0_, self.C_ = solver, gamma, n0, solver.C
@@ -309,11 +313,6 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
                              "the RBF kernel supports (1/gamma and gamma finite normal floats)")
         return gamma
 
-    @staticmethod
-    def _feasible(n, C):
-        """Whether n samples can satisfy ``sum(a) = 1, 0 <= a <= C`` (the solver's rule)."""
-        return n >= 1 and n * C >= 1.0 - FEASIBILITY_TOL
-
     def _sync(self):
         """Refresh the fitted attributes from the solver."""
         solver = self.solver_
@@ -324,7 +323,8 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         self.support_ = self.sample_ids_[support]
         self.support_vectors_ = solver.keys[support]
         self.dual_coef_ = (alpha[support] / C)[None, :]
-        self.offset_ = (1.0 - solver.rho) / (2.0 * C)
+        # in warm-up rho belongs to the anchored problem: no offset exists yet
+        self.offset_ = (1.0 - solver.rho) / (2.0 * C) if solver.certified else math.nan
         self.intercept_ = np.array([-self.offset_])
 
     # ------------------------------------------------------------------ evaluation
@@ -358,8 +358,19 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         """
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, reset=False)
+        self._check_certified()
         f = self.solver_.decision_function(X)  # 2 sum_i a_i k(x, x_i) - 1 + rho
         return (f + (1.0 - self.solver_.rho)) / (2.0 * self.C_)
+
+    def _check_certified(self):
+        """Raise the warm-up error when fewer than nu * n0 samples are held."""
+        if self.solver_.certified:
+            return
+        held = len(self.solver_)
+        raise ValueError(
+            f"the model holds {held} samples, but C = 1/(nu*n0) = {self.C_:.6g} needs at least "
+            f"nu*n0 = {1.0 / self.C_:.6g} of them (n * C >= 1) before a one-class SVM exists "
+            "(warm-up); add samples with partial_fit")
 
     def predict(self, X):
         """+1 for inliers (``decision_function >= 0``), -1 for outliers.
@@ -381,15 +392,15 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         state = dict(super().__getstate__())
         solver = state.pop("solver_", None)
         if solver is not None:
-            state["_solver_state"] = solver.state_dict()
-            state["_solver_max_events"] = solver.max_events
+            state["_solver_state"] = solver.state_dict()  # every setting that steers it
         return state
 
     def __setstate__(self, state):
         state = dict(state)
         solver_state = state.pop("_solver_state", None)
-        max_events = state.pop("_solver_max_events", None)
+        max_events = state.pop("_solver_max_events", None)  # pickles of format-2 states
         super().__setstate__(state)
         if solver_state is not None:
             self.solver_ = IncrementalSVDD.from_state_dict(solver_state)
-            self.solver_.max_events = max_events
+            if max_events is not None:
+                self.solver_.max_events = max_events

@@ -40,7 +40,10 @@ import os
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from ._optional import require
+
+tqdm = require("tqdm.auto", feature="svtoolkit.sweep").tqdm
 
 __all__ = ["cell_key", "describe_backend", "grid", "map_calls", "read_results", "run_cells"]
 
@@ -257,7 +260,8 @@ def _indexed_call(fn, i, item):
 
 
 def _joblib(fn, indexed, finished, jobs, bar):
-    from joblib import Parallel, delayed
+    joblib = require("joblib", feature="svtoolkit.sweep with jobs != 1")
+    Parallel, delayed = joblib.Parallel, joblib.delayed
 
     calls = (delayed(_indexed_call)(fn, i, item) for i, item in indexed)
     for i, result in Parallel(n_jobs=jobs, return_as="generator_unordered")(calls):
@@ -276,7 +280,8 @@ def _worker_imports(modules):
 
 
 def _dask(fn, indexed, finished, address, worker_modules, bar):
-    from distributed import Client, as_completed
+    distributed = require("distributed", feature="svtoolkit.sweep on a Dask cluster")
+    Client, as_completed = distributed.Client, distributed.as_completed
 
     modules = tuple(worker_modules)
     if getattr(fn, "__module__", "__main__") not in ("__main__", None):

@@ -682,6 +682,10 @@ def _damage(state, key, index, value):
         ("next_id", None, 10**30, "outside"),
         ("audit_every", None, 2.7, "must be an integer"),
         ("d", None, 0, "shape"),
+        ("probe_tol", None, 1.0, r"state\['probe_tol'\] = 1.0 is outside"),
+        ("margin_capacity", None, 3, r"state\['margin_capacity'\] = 3 is outside"),
+        ("ops_since_audit", None, -1, "outside"),
+        ("max_events", None, 0, "outside"),
     ],
 )
 def test_from_state_dict_refuses_damaged_fields(key, index, value, msg):

@@ -123,7 +123,6 @@ def _assert_unchanged(est, before):
     ([2, 2], ValueError, "ids must be distinct"),
     ([1.0], TypeError, "ids must be integers"),
     ([[1, 2]], ValueError, "1-D"),
-    (np.arange(35), ValueError, "forget would leave 5 samples"),
 ])
 def test_refused_forget_changes_nothing(ids, error, match):
     est = IncrementalOneClassSVM(nu=0.5, gamma=1.0).fit(_blobs(7, n=40))
@@ -142,13 +141,67 @@ def test_forget_twice_raises_already_forgotten():
     _assert_unchanged(est, before)
 
 
-def test_forget_down_to_the_feasible_size_then_refuse():
-    est = IncrementalOneClassSVM(nu=0.5, gamma=1.0).fit(_blobs(9, n=20))  # needs >= 10
+def test_forget_below_nu_n0_is_warm_up_until_samples_come_back():
+    X = _blobs(9, n=21)
+    est = IncrementalOneClassSVM(nu=0.5, gamma=1.0, n0=20).fit(X[:20])  # needs >= 10
     est.forget(np.arange(10))
     assert len(est.sample_ids_) == 10 and est.solver_.certified
-    np.testing.assert_allclose(est.dual_coef_, 1.0, rtol=0, atol=1e-12)  # a = C for all
-    with pytest.raises(ValueError, match="forget would leave 9 samples"):
-        est.forget(10)
+    np.testing.assert_array_equal(est.dual_coef_, np.ones((1, 10)))  # a = C for all
+    est.forget(10)  # a deletion is never refused: back to warm-up
+    assert not est.solver_.certified and np.isnan(est.offset_)
+    with pytest.raises(ValueError, match=r"holds 9 samples, .* at least nu\*n0 = 10 .*warm-up"):
+        est.predict(X[:3])
+    est.partial_fit(X[20:])
+    fresh = IncrementalOneClassSVM(nu=0.5, gamma=1.0, n0=20).fit(X[np.r_[11:21]])
+    # both on the one feasible point a = C (10 samples, 10 C = 1), rho from sums of 10 terms
+    # of size <= 2 C in other orders: f within 8 * 10 eps, decision_function = f / (2 C)
+    np.testing.assert_array_equal(est.dual_coef_, np.ones((1, 10)))
+    np.testing.assert_allclose(est.decision_function(X), fresh.decision_function(X), rtol=0,
+                               atol=8 * 10 * np.finfo(np.float64).eps / (2 * est.C_))
+
+
+def test_forget_down_to_exactly_nu_n0_equals_the_fit_of_what_remains():
+    """nu n0 = 54 of 108 samples kept: every coefficient at C (dual_coef_ = 1), and the model
+    is a fit of the 54 under the same C. Both land on that one feasible point with rho from
+    sums of 54 terms of size <= 2 C in different orders: f differs by at most ~8 * 54 eps,
+    and decision_function = f / (2 C)."""
+    X = np.random.default_rng(702).standard_normal((108, 6))
+    est = IncrementalOneClassSVM(nu=0.5, gamma=1 / 9).fit(X)
+    est.forget(np.arange(54))
+    fresh = IncrementalOneClassSVM(nu=0.5, gamma=1 / 9, n0=108).fit(X[54:])
+    np.testing.assert_array_equal(est.sample_ids_, np.arange(54, 108))
+    np.testing.assert_array_equal(est.dual_coef_, np.ones((1, 54)))
+    np.testing.assert_array_equal(fresh.dual_coef_, np.ones((1, 54)))
+    probes = np.vstack([X, np.random.default_rng(703).standard_normal((20, 6))])
+    tol = 8 * 54 * np.finfo(np.float64).eps / (2 * est.C_)
+    np.testing.assert_allclose(est.decision_function(probes), fresh.decision_function(probes),
+                               rtol=0, atol=tol)
+
+
+def test_a_stream_of_small_chunks_equals_one_fit_of_all_rows():
+    """nu = 0.3, n0 = 200 (C = 1/60) fed as 7 chunks of 29 rows: the first two chunks are held
+    in warm-up (29 and 58 < 60 samples), the third ends it, and the end state is what one
+    fit of the 203 rows gives. Both solve the bordered system of the same margin set from
+    sums over 203 samples (terms of size <= 2) in other orders: f agrees to 8 cond(M) n eps
+    (cond of the bordered matrix), and decision_function = f / (2 C)."""
+    X = np.random.default_rng(40).standard_normal((203, 3))
+    probes = np.vstack([X, 2.0 * np.random.default_rng(41).standard_normal((50, 3))])
+    stream = IncrementalOneClassSVM(nu=0.3, gamma=0.3, n0=200)
+    for k, chunk in enumerate(np.split(X, 7)):
+        stream.partial_fit(chunk)
+        assert stream.solver_.certified == (k >= 2)
+        if k < 2:
+            with pytest.raises(ValueError, match="warm-up"):
+                stream.decision_function(probes)
+    whole = IncrementalOneClassSVM(nu=0.3, gamma=0.3, n0=200).fit(X)
+    np.testing.assert_array_equal(stream.sample_ids_, np.arange(203))
+    assert set(stream.support_) == set(whole.support_)
+    cond = max(np.linalg.cond(est.solver_._bordered()) for est in (stream, whole))
+    tol = 8 * cond * 203 * np.finfo(np.float64).eps
+    np.testing.assert_allclose(stream.decision_function(probes), whole.decision_function(probes),
+                               rtol=0, atol=tol / (2 * whole.C_))
+    np.testing.assert_allclose(_dense_dual(stream, 203), _dense_dual(whole, 203), rtol=0,
+                               atol=tol / whole.C_)
 
 
 def test_forget_empty_is_a_no_op():
@@ -185,24 +238,26 @@ def test_forget_before_fit_raises():
         IncrementalOneClassSVM().forget([0])
 
 
-def test_fit_with_too_few_samples_for_n0_raises():
-    with pytest.raises(ValueError, match=r"at least nu\*n0 = 50 samples"):
-        IncrementalOneClassSVM(nu=0.5, n0=100).fit(_blobs(13, n=20))
-    with pytest.raises(ValueError, match=r"at least nu\*n0 = 50 samples"):
-        IncrementalOneClassSVM(nu=0.5, n0=100).partial_fit(_blobs(13, n=20))
+@pytest.mark.parametrize("method", ["fit", "partial_fit"])
+def test_fewer_than_nu_n0_samples_are_held_in_warm_up(method):
+    est = getattr(IncrementalOneClassSVM(nu=0.5, gamma=1.0, n0=100), method)(_blobs(13, n=20))
+    assert not est.solver_.certified and len(est.sample_ids_) == 20
+    for decide in (est.decision_function, est.score_samples, est.predict):
+        with pytest.raises(ValueError, match=r"holds 20 samples, .* at least nu\*n0 = 50"):
+            decide(_blobs(14, n=3))
 
 
 def test_refused_fit_leaves_the_estimator_as_it_was():
     from sklearn.exceptions import NotFittedError
     est = IncrementalOneClassSVM(nu=0.5, n0=10).fit(_blobs(32, n=10, d=3))
     before = _snapshot(est)
-    est.set_params(n0=100)
-    with pytest.raises(ValueError, match=r"at least nu\*n0 = 50 samples"):
+    est.set_params(gamma=1e-320)
+    with pytest.raises(ValueError, match="outside the range the RBF kernel supports"):
         est.fit(_blobs(33, n=20, d=2))
     _assert_unchanged(est, before)
     assert est.n_features_in_ == 3
-    fresh = IncrementalOneClassSVM(nu=0.5, n0=100)
-    with pytest.raises(ValueError, match=r"at least nu\*n0 = 50 samples"):
+    fresh = IncrementalOneClassSVM(nu=0.5, gamma=1e-320)
+    with pytest.raises(ValueError, match="outside the range the RBF kernel supports"):
         fresh.partial_fit(_blobs(34, n=20))
     assert not hasattr(fresh, "n_features_in_")
     with pytest.raises(NotFittedError, match="not fitted"):

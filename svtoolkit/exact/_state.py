@@ -13,8 +13,8 @@ import numpy as np
 
 from . import _walk as W
 
-__all__ = ["check_state", "state_int", "state_ints", "unshifted_inverse", "shifted_inverse",
-           "STATE_SUM_TOL", "INT64_MAX"]
+__all__ = ["check_state", "state_int", "state_ints", "steering_fields", "unshifted_inverse",
+           "shifted_inverse", "STATE_SUM_TOL", "INT64_MAX"]
 
 
 def unshifted_inverse(R_shifted):
@@ -59,6 +59,22 @@ def state_ints(state, key, shape):
     if arr.dtype.kind not in "iu":
         raise ValueError(f"state[{key!r}] must hold integers; got dtype {arr.dtype}")
     return arr.astype(np.int64)
+
+
+def steering_fields(state):
+    """The settings of a format-3 state that steer later operations, validated:
+    ``(ops_since_audit, max_events, probe_tol, margin_capacity)``."""
+    ops = state_int(state, "ops_since_audit", 0, INT64_MAX)
+    max_events = state["max_events"]
+    if max_events is not None:
+        max_events = state_int(state, "max_events", 1, INT64_MAX)
+    probe_tol = state["probe_tol"]
+    if isinstance(probe_tol, (bool, np.bool_)) or not isinstance(probe_tol, numbers.Real) \
+            or not W.PROBE_TOL <= float(probe_tol) <= W.PROBE_TOL_MAX:
+        raise ValueError(f"state['probe_tol'] = {probe_tol!r} is outside "
+                         f"[{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
+    capacity = state_int(state, "margin_capacity", 1, INT64_MAX)
+    return ops, max_events, float(probe_tol), capacity
 
 
 def state_floats(state, key, shape):

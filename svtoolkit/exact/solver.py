@@ -18,6 +18,7 @@ from ._state import (
     INT64_MAX,
     check_state,
     shifted_inverse,
+    steering_fields,
     state_int,
     state_ints,
     unshifted_inverse,
@@ -416,6 +417,11 @@ class IncrementalSVDD:
     def _feasible(self, n_real):
         return n_real * self._C >= 1.0 - W.FEASIBILITY_TOL
 
+    def _on_vertex(self, n_real):
+        """True when n_real keys have a single feasible point: n C = 1 to FEASIBILITY_TOL
+        (from either side), where a = C for every key is the only way to sum to one."""
+        return abs(n_real * self._C - 1.0) <= W.FEASIBILITY_TOL
+
     def _admit_anchor(self):
         slot = self._insert(np.zeros(self._d), -1, is_anchor=True)
         self._walk(slot, W.ADMIT, kc_ready=True)
@@ -428,10 +434,21 @@ class IncrementalSVDD:
         a rounding residue of the anchor's mass.
         """
         slot = self._anchor
-        if len(self) * self._C > 1.0 + W.FEASIBILITY_TOL:
+        if not self._on_vertex(len(self)):
             self._walk(slot, W.REMOVE)
             self._delete(slot)
             return
+        self._land_on_vertex(slot)
+
+    def _land_on_vertex(self, slot):
+        """Delete ``slot`` (the anchor, or a key whose deletion leaves n C = 1) and put every
+        other key at a = C with S empty: the only feasible point of what remains.
+
+        The gradients are evaluated from the keys and the caller's :meth:`_settle` puts rho
+        in its optimal interval (its upper end, since no key has a = 0). A fresh solve of the
+        same keys ends warm-up here too (:meth:`_drop_anchor`), so a deletion that lands on
+        the vertex and a fresh solve take the same steps from the same coefficients.
+        """
         n = self._n
         self._ist[W._M] = 0
         self._spos[:n] = -1
@@ -738,13 +755,20 @@ class IncrementalSVDD:
             self._after_operation()
             return
         try:
-            if (
-                self._anchor < 0
-                and self._alpha[slot] > 0.0
-                and not self._feasible(len(self) - 1)
-            ):
-                self._admit_anchor()
-            self._remove_slot(slot, int(id))
+            if self._anchor < 0 and self._alpha[slot] > 0.0 and self._on_vertex(len(self) - 1):
+                # the retained keys have one feasible point: land on it (a walk would have to
+                # end on the rounding residue of the victim's mass; see _land_on_vertex)
+                del self._slot_of[int(id)]
+                self._land_on_vertex(slot)
+                self._settle()
+            else:
+                if (
+                    self._anchor < 0
+                    and self._alpha[slot] > 0.0
+                    and not self._feasible(len(self) - 1)
+                ):
+                    self._admit_anchor()
+                self._remove_slot(slot, int(id))
         except SolverFailure as exc:
             self._recover(exc)
         self._after_operation()
@@ -992,10 +1016,16 @@ class IncrementalSVDD:
 
     #: 2: the walk's arrays hold the shifted kernel (KSt = K' = K - 1, R = M'^{-1},
     #: fs[0] = rho + 1); format-1 states (unshifted) are converted on load.
-    _STATE_FORMAT = 2
+    #: 3: also the settings that steer later operations (the calibrated inverse-probe
+    #: tolerance, the operations since the last audit, the event limit and the margin
+    #: capacity, at which a walk pauses to grow its arrays); states of formats 1 and 2 load
+    #: with their defaults (PROBE_TOL, 0, None, the smallest capacity that holds them).
+    _STATE_FORMAT = 3
 
     def state_dict(self):
-        """Everything needed to restore this solver bit for bit (plain arrays and numbers)."""
+        """Everything needed to restore this solver bit for bit (plain arrays and numbers):
+        the state and every setting that steers later operations, so that a restored solver
+        takes the same steps as this one."""
         n, m = self._n, self._m
         return {
             "format": self._STATE_FORMAT,
@@ -1004,6 +1034,10 @@ class IncrementalSVDD:
             "d": -1 if self._d is None else self._d,
             "next_id": self._next_id,
             "audit_every": self.audit_every,
+            "ops_since_audit": self._ops_since_audit,
+            "max_events": self.max_events,
+            "probe_tol": self._probe_tol,
+            "margin_capacity": int(self._S.shape[0]),
             "Xt": self._Xt[:, :n].copy(),
             "ids": self._ids[:n].copy(),
             "alpha": self._alpha[:n].copy(),
@@ -1034,7 +1068,7 @@ class IncrementalSVDD:
             Unknown format, or fields whose types, shapes or contents contradict each other.
         """
         version = state.get("format")
-        if version not in (1, cls._STATE_FORMAT):
+        if version not in (1, 2, cls._STATE_FORMAT):
             raise ValueError(f"unknown solver state format {version!r}")
         solver = cls(state["C"], state["sigma"],
                      audit_every=state_int(state, "audit_every", 0, INT64_MAX))
@@ -1043,6 +1077,14 @@ class IncrementalSVDD:
         n, m = int(ist[W._N]), int(ist[W._M])
         if not 0 <= m <= n:
             raise ValueError(f"state sizes are inconsistent: n={n}, m={m} (need 0 <= m <= n)")
+        mcap = max(8, m + 1)
+        if version >= 3:
+            ops, solver.max_events, solver._probe_tol, mcap = steering_fields(state)
+            solver._ops_since_audit = ops
+            # at least 8 and never below m; it grows with S but never shrinks with the keys
+            if not max(m, 8) <= mcap <= 2**40:
+                raise ValueError(f"state['margin_capacity'] = {mcap} is outside "
+                                 f"[max(8, m) = {max(m, 8)}, 2**40]")
         if d < 0 or n == 0:
             if n:
                 raise ValueError("state holds keys but no dimension")
@@ -1053,13 +1095,12 @@ class IncrementalSVDD:
             solver._next_id = state_int(state, "next_id", 0, INT64_MAX)
             if d > 0:
                 solver._d = d
-                solver._allocate(d=d, cap=16, mcap=8)
+                solver._allocate(d=d, cap=16, mcap=mcap)
                 solver._ist[:] = ist
             return solver
         check_state(state, n, m, d, solver)
         solver._d = d
-        cap, mcap = max(16, n + 1), max(8, m + 1)
-        solver._allocate(d=d, cap=cap, mcap=mcap)
+        solver._allocate(d=d, cap=max(16, n + 1), mcap=mcap)
         solver._Xt[:, :n] = state["Xt"]
         solver._ids[:n] = state["ids"]
         solver._alpha[:n] = state["alpha"]
@@ -1084,11 +1125,9 @@ class IncrementalSVDD:
         return solver
 
     def copy(self):
-        """An independent copy with identical state and settings (``audit_every``,
-        ``max_events``); the diagnostic counters start from zero."""
-        twin = type(self).from_state_dict(self.state_dict())
-        twin.max_events = self.max_events
-        return twin
+        """An independent copy with identical state and settings (everything
+        :meth:`state_dict` holds); the diagnostic counters start from zero."""
+        return type(self).from_state_dict(self.state_dict())
 
     # ------------------------------------------------------------------ evaluation
     def decision_function(self, X):

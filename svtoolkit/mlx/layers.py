@@ -2,10 +2,11 @@
 
 ``CausalSVAttention`` and ``HybridSVAttention`` are ``mlx.nn.Module``s with the parameters,
 defaults, checks and semantics of the torch layers (Forgetful Attention (arXiv:2607.12204),
-§3.5, Fig. 2, App. C): per-head RMS-normalised queries and keys, ``sigma = sqrt(2 D)`` by
-default, the gate of chunk ``c`` fit on the causal prefix ``[0, c * chunk)``, multipliers
-``a_i / C`` (1 when the gate is off: warm-up below ``ceil(1/C) + 2`` keys or an invalid batched
-solve), the first chunk of the pure gate outputting 0, and ``exclude`` removing tokens from
+§3.5, Fig. 2, App. C): per-head RMS-normalised queries and keys with ``sigma = sqrt(2 D)`` by
+default (``qk_norm="rms"``) or the raw projections with ``sigma = 2`` (``qk_norm="none"``),
+the gate of chunk ``c`` fit on the causal prefix ``[0, c * chunk)``, multipliers ``a_i / C``
+(1 when the gate is off: warm-up below ``ceil(1/C) + 2`` keys or an invalid batched solve),
+the first chunk of the pure gate outputting 0, and ``exclude`` removing tokens from
 gates and readouts. The ops are in :mod:`svtoolkit.mlx.ops`.
 
 * ``layer(x, exclude=None)`` - **training path**: all (sequence, head, chunk) problems in one
@@ -41,8 +42,10 @@ from .._gate_core import (
     GATE_MODES,
     GATE_UPDATES,
     PREFIX_WEIGHTINGS,
+    QK_NORMS,
     ExactStream,
     GateOptions,
+    default_sigma,
     dtype_name,
     unsupported_dtype,
 )
@@ -83,13 +86,17 @@ class CausalSVAttention(nn.Module):
     d_model, n_heads : int
     C : float, default 0.25
     sigma : float, optional
-        RBF width on RMS-normalised keys; default ``sqrt(2 D)``.
+        RBF width; default ``sqrt(2 D)`` with ``qk_norm="rms"``, ``2.0`` with
+        ``qk_norm="none"`` (an explicit value always wins).
     chunk : int, default 64
     fista_iters : int, default 80
     ridge : float, default 1e-3
     gate : {"svdd", "uniform"}, default "svdd"
     gate_update : {"chunk", "token"}, default "chunk"
         The ablation switches of the torch layer (see there).
+    qk_norm : {"rms", "none"}, default "rms"
+        Per-head RMS-normalised queries and keys, or the raw learned projections (the
+        paper's layer; see the torch layer).
     head_dim : int, optional
         Default ``d_model // n_heads``.
     bias : bool, default False
@@ -108,10 +115,12 @@ class CausalSVAttention(nn.Module):
     prefix_weighting = "normalized"
 
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
-                 ridge=1e-3, gate="svdd", gate_update="chunk", head_dim=None, bias=False):
+                 ridge=1e-3, gate="svdd", gate_update="chunk", qk_norm="rms", head_dim=None,
+                 bias=False):
         super().__init__()
         self.gate_mode = check_option(gate, "gate", GATE_MODES)
         self.gate_update = check_option(gate_update, "gate_update", GATE_UPDATES)
+        self.qk_norm = check_option(qk_norm, "qk_norm", QK_NORMS)
         check_int(d_model, "d_model", min=1)
         check_int(n_heads, "n_heads", min=1)
         if head_dim is None:
@@ -122,8 +131,8 @@ class CausalSVAttention(nn.Module):
         check_int(head_dim, "head_dim", min=1)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         gate_options = GateOptions(
-            C=C, sigma=math.sqrt(2.0 * head_dim) if sigma is None else sigma, chunk=chunk,
-            ridge=ridge)
+            C=C, sigma=default_sigma(self.qk_norm, head_dim) if sigma is None else sigma,
+            chunk=chunk, ridge=ridge)
         fista_iters = check_int(fista_iters, "fista_iters", min=1)
         #: the checked options of the gate (framework-neutral, as in the torch layers)
         self.gate_options = dataclasses.replace(gate_options, iters=fista_iters)
@@ -163,6 +172,8 @@ class CausalSVAttention(nn.Module):
         q = self.q_proj(x).reshape(shape)
         k = self.k_proj(x).reshape(shape)
         v = self.v_proj(x).reshape(shape)
+        if self.qk_norm == "none":
+            return q, k, v
         return self._rms(q), self._rms(k), v
 
     @property
@@ -175,7 +186,7 @@ class CausalSVAttention(nn.Module):
             return sv_hybrid_readout(q, k, v, gate, chunk=self.gate_chunk, exclude=exclude,
                                      prefix_weighting=self.prefix_weighting)
         return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.gate_chunk,
-                              exclude=exclude)
+                              exclude=exclude, shift=self.qk_norm == "none")
 
     def _gate_of(self, k, exact, exclude):
         if self.gate_mode == "uniform":
@@ -241,7 +252,8 @@ class CausalSVAttention(nn.Module):
             raise TypeError(f"{cls.__name__}.from_torch needs a "
                             f"{'hybrid' if cls.hybrid else 'chunk-frozen'} torch SV layer; got "
                             f"{type(module).__name__}")
-        switches = {"gate": module.gate_mode, "gate_update": module.gate_update}
+        switches = {"gate": module.gate_mode, "gate_update": module.gate_update,
+                    "qk_norm": module.qk_norm}
         if cls.hybrid:
             switches["prefix_weighting"] = module.prefix_weighting
         layer = cls(module.d_model, module.n_heads, C=module.C, sigma=module.sigma,
@@ -349,6 +361,11 @@ class SVStreamState(ExactStream):
                 weight = weight * mx.exp(logits - mx.max(logits))
             else:
                 sq = mx.sum((keys - q[h]) ** 2, axis=-1)
+                readable = weight > 0
+                if layer.qk_norm == "none" and mx.any(readable).item():
+                    # the readout's shift (see sv_rbf_readout); unreadable keys unshifted
+                    inf = mx.array(math.inf, dtype=sq.dtype)
+                    sq = mx.where(readable, sq - mx.min(mx.where(readable, sq, inf)), sq)
                 weight = weight * mx.exp(-sq / layer.sigma**2)
             total = mx.sum(weight)
             outs.append(weight @ values / total if total.item() > 0

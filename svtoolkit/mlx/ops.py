@@ -56,9 +56,14 @@ def rbf_gram(a, b, sigma):
     The expansion ``|a|^2 + |b|^2 - 2 a.b`` of the torch twin
     (:func:`svtoolkit.torch.ops.chunked_sv.rbf_gram`, where the choice is explained).
     """
+    return mx.exp(-_sq_dists(a, b) / (sigma * sigma))
+
+
+def _sq_dists(a, b):
+    """``||a_i - b_j||^2`` by the expansion of :func:`rbf_gram` (clamped at 0)."""
     sq = mx.sum(a * a, axis=-1)[..., :, None] + mx.sum(b * b, axis=-1)[..., None, :]
     sq = sq - 2.0 * (a @ mx.swapaxes(b, -1, -2))
-    return mx.exp(-mx.maximum(sq, 0.0) / (sigma * sigma))
+    return mx.maximum(sq, 0.0)
 
 
 def _keep(exclude, B, T):
@@ -203,13 +208,28 @@ def _safe_ratio(num, den):
     return mx.where(ok[..., None], num / safe[..., None], mx.zeros_like(num))
 
 
-def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
+def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None, shift=False):
     """Chunk-frozen RBF readout (q, k (B, T, H, D), v (B, T, H, Dv) -> (B, T, H, Dv)):
-    ``o_t = sum m_i k(q_t, k_i) v_i / sum m_i k(q_t, k_i)`` over the prefix of t's chunk."""
+    ``o_t = sum m_i k(q_t, k_i) v_i / sum m_i k(q_t, k_i)`` over the prefix of t's chunk.
+    ``shift=True`` subtracts each query's smallest squared distance to a readable key inside
+    the exponential, as the torch twin (:func:`svtoolkit.torch.ops.chunked_sv.sv_rbf_readout`,
+    where the reason is given)."""
     B, T, H, D = q.shape
     qh, kh, vh = (mx.swapaxes(x, 1, 2) for x in (q, k, v))
-    weights = rbf_gram(qh, kh, sigma) * _rows_of(gate.multipliers().astype(q.dtype), T, chunk)
-    weights = weights * _keep(exclude, B, T)[:, None, None, :].astype(q.dtype)
+    mult = _rows_of(gate.multipliers().astype(q.dtype), T, chunk)
+    keep = _keep(exclude, B, T)[:, None, None, :].astype(q.dtype)
+    if shift:
+        sq = _sq_dists(qh, kh)
+        readable = (mult * keep) > 0
+        inf = mx.array(math.inf, dtype=sq.dtype)
+        nearest = mx.min(mx.where(readable, sq, inf), axis=-1, keepdims=True)
+        nearest = mx.where(mx.isinf(nearest), mx.zeros_like(nearest), nearest)
+        sq = mx.where(readable, sq - mx.stop_gradient(nearest), sq)
+        kernel = mx.exp(-sq / (sigma * sigma))
+    else:
+        kernel = rbf_gram(qh, kh, sigma)
+    weights = kernel * mult
+    weights = weights * keep
     out = _safe_ratio(weights @ vh, mx.sum(weights, axis=-1))
     return mx.swapaxes(out, 1, 2)
 

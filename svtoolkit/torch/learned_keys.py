@@ -14,7 +14,8 @@ actually produces, not on synthetic draws. Two sources, both deterministic and q
 standard library's own source (zero install, :mod:`svtoolkit.corpora`) for a fixed number of
 steps, then runs held-out bytes (the validation split) through it and collects, per layer and
 head, the keys the gate sees - ``W_k`` projections of the block's normalised input, RMS-
-normalised per head (``||k|| = sqrt(D)``, the layer's convention) - in float64, cut into
+normalised per head (``||k|| = sqrt(D)``) with the layer's default ``qk_norm="rms"``, raw with
+``qk_norm="none"`` in the recipe's ``attn_options`` - in float64, cut into
 contexts of consecutive tokens and deduplicated within 0.1 (the paper's protocol for real
 streams).
 
@@ -206,8 +207,8 @@ def _extract(model, held_out, cfg):
     key_sets, origin = [], []
     for layer_number, blk in enumerate(model.blocks):
         attn = blk.attn
-        keys = attn._heads(attn.k_proj(blk.ln_1(x)))  # (W, block, H, D)
-        keys = F.rms_norm(keys, (attn.head_dim,)).to(torch.float64).numpy()
+        _, keys, _ = attn._qkv(blk.ln_1(x))  # (W, block, H, D), normalised as the layer does
+        keys = keys.to(torch.float64).numpy()
         for head in range(attn.n_heads):
             for window in range(n_windows):
                 kept, _ = deduplicate(keys[window, :context, head], cfg["dedup"])

@@ -1,10 +1,26 @@
 """SV-Attention sequence layers: chunk-frozen gate and hybrid, trainable, with exact inference.
 
 ``CausalSVAttention`` and ``HybridSVAttention`` map x (B, T, d_model) -> (B, T, d_model),
-exactly causally (Forgetful Attention (arXiv:2607.12204), §3.5, Fig. 2). Per head, keys and
-queries are RMS-normalised (``||k|| = sqrt(D)``), so the default RBF width
-``sigma = sqrt(2 D)`` puts typical kernel values near exp(-1) whatever the scale of the
-projections.
+exactly causally (Forgetful Attention (arXiv:2607.12204), §3.5, Fig. 2). Two modes for the
+queries and keys (``qk_norm``):
+
+* ``"rms"`` (default): per head, keys and queries are RMS-normalised (``||k|| = sqrt(D)``), and
+  the default RBF width ``sigma = sqrt(2 D)`` puts typical kernel values near exp(-1) whatever
+  the scale of the projections. Since ``||q - k||^2 <= 4 D = 2 sigma^2``, every RBF readout
+  weight ``exp(-||q - k||^2 / sigma^2)`` lies in ``[e^-2, 1]``: two keys' kernel values differ
+  by at most a factor e^2, so the readout cannot concentrate on one token (only the gate can
+  zero keys).
+* ``"none"``: the raw learned projections, with a fixed width (default ``sigma = 2``, the
+  bandwidth of the paper's reference implementation): the projections set the scale, so the
+  kernel can be made as sharp as training wants (the paper's layer, §3.1).
+
+The RBF readout is the paper's equation 1,
+``o(q) = sum_i a_i k(q, k_i) v_i / sum_i a_i k(q, k_i)``, in both modes: it is computed with
+the multipliers ``a_i / C`` (the factor 1/C cancels in the ratio; an ungated warm-up boundary
+reads every key at weight 1). With ``qk_norm="none"`` the squared distances are shifted by
+each query's nearest readable key before the exponential (the ratio is unchanged; see
+:func:`svtoolkit.torch.ops.chunked_sv.sv_rbf_readout`), so that far keys underflowing to 0 in
+float32 cannot leave a query with no weight at all.
 
 Three ways to run the same weights (see :mod:`svtoolkit.torch.ops.chunked_sv` for the math):
 
@@ -51,8 +67,10 @@ from ..._gate_core import (
     GATE_MODES,
     GATE_UPDATES,
     PREFIX_WEIGHTINGS,
+    QK_NORMS,
     ExactStream,
     GateOptions,
+    default_sigma,
     unsupported_dtype,
 )
 from ..._validation import check_int, check_option
@@ -81,7 +99,8 @@ class CausalSVAttention(HeadsAttention):
     C : float, default 0.25
         Box of the gate, fixed (the paper's language-model value).
     sigma : float, optional
-        RBF width of the gate on RMS-normalised keys; default ``sqrt(2 D)``.
+        RBF width of the gate and of the RBF readout. Default ``sqrt(2 D)`` with
+        ``qk_norm="rms"``, ``2.0`` with ``qk_norm="none"``; an explicit value always wins.
     chunk : int, default 64
         Chunk length L; the gate of chunk c is fit on the keys [0, c L).
     fista_iters : int, default 80
@@ -99,6 +118,11 @@ class CausalSVAttention(HeadsAttention):
         path is then the token itself. This is the chunk-1 gate: ``chunk`` is not used, and
         every path costs one gate solve per token (T - 1 batched ridged solves in training,
         one exact increment per token at inference).
+    qk_norm : {"rms", "none"}, default "rms"
+        ``"rms"``: per-head RMS-normalised queries and keys (every RBF readout weight in
+        ``[e^-2, 1]`` at the default width). ``"none"``: the raw learned projections, as
+        Forgetful Attention (arXiv:2607.12204) writes the layer (the readout can concentrate).
+        Values are never normalised.
     head_dim, bias : see :class:`svtoolkit.torch.layers.HeadsAttention`.
 
     Notes
@@ -114,15 +138,16 @@ class CausalSVAttention(HeadsAttention):
     prefix_weighting = "normalized"
 
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
-                 ridge=1e-3, gate="svdd", gate_update="chunk", **options):
+                 ridge=1e-3, gate="svdd", gate_update="chunk", qk_norm="rms", **options):
         gate = check_option(gate, "gate", GATE_MODES)
         gate_update = check_option(gate_update, "gate_update", GATE_UPDATES)
+        qk_norm = check_option(qk_norm, "qk_norm", QK_NORMS)
         super().__init__(d_model, n_heads, **options)
         gate_options = GateOptions(
-            C=C, sigma=math.sqrt(2.0 * self.head_dim) if sigma is None else sigma, chunk=chunk,
-            ridge=ridge)
+            C=C, sigma=default_sigma(qk_norm, self.head_dim) if sigma is None else sigma,
+            chunk=chunk, ridge=ridge)
         fista_iters = check_int(fista_iters, "fista_iters", min=1)
-        self.gate_mode, self.gate_update = gate, gate_update
+        self.gate_mode, self.gate_update, self.qk_norm = gate, gate_update, qk_norm
         #: the checked options of the gate (framework-neutral, shared with the MLX layers)
         self.gate_options = dataclasses.replace(gate_options, iters=fista_iters)
         self.C, self.sigma, self.chunk = gate_options.C, gate_options.sigma, gate_options.chunk
@@ -139,7 +164,14 @@ class CausalSVAttention(HeadsAttention):
     def _qkv(self, x):
         self._check_input(x)
         q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        if self.qk_norm == "none":
+            return q, k, v
         return F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,)), v
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
+                f"C={self.C:.6g}, sigma={self.sigma:.6g}, chunk={self.chunk}, "
+                f"qk_norm={self.qk_norm!r}")
 
     @property
     def gate_chunk(self):
@@ -151,7 +183,7 @@ class CausalSVAttention(HeadsAttention):
             return sv_hybrid_readout(q, k, v, gate, chunk=self.gate_chunk, exclude=exclude,
                                      prefix_weighting=self.prefix_weighting)
         return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.gate_chunk,
-                              exclude=exclude)
+                              exclude=exclude, shift=self.qk_norm == "none")
 
     def _gate_of(self, k, exact, exclude):
         if self.gate_mode == "uniform":
@@ -216,7 +248,9 @@ class HybridSVAttention(CausalSVAttention):
         ``"normalized"``: gated prefix keys weigh ``a_i / C`` (an ungated boundary is plain
         softmax). ``"raw"``: they weigh the raw coefficient ``a_i`` (summing to 1), as
         Forgetful Attention (arXiv:2607.12204), §3.5 writes the hybrid. Ungated boundaries
-        (warm-up, ``gate="uniform"``) read every key at 1 in both.
+        (warm-up, ``gate="uniform"``) read every key at 1 in both. ``qk_norm`` does not
+        change this choice: the hybrid as §3.5 writes it ("the long-range prefix is weighted
+        by the gate coefficient") is ``qk_norm="none", prefix_weighting="raw"``.
     """
 
     hybrid = True
@@ -323,6 +357,10 @@ class SVStreamState(ExactStream):
                 weight = weight * torch.exp(logits - logits.max())
             else:
                 sq = ((keys - q[h]) ** 2).sum(-1)
+                readable = weight > 0
+                if layer.qk_norm == "none" and bool(readable.any()):
+                    # the readout's shift (see sv_rbf_readout); unreadable keys unshifted
+                    sq = torch.where(readable, sq - sq[readable].min(), sq)
                 weight = weight * torch.exp(-sq / layer.sigma**2)
             total = weight.sum()
             outs.append(weight @ values / total if total > 0 else torch.zeros_like(values[0]))

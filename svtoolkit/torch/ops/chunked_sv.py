@@ -123,9 +123,14 @@ def rbf_gram(a, b, sigma):
     The RBF readout uses it for the query-key weights too, on the exact path as well (its
     coefficients are exact; its readout weights are at this rounding).
     """
+    return torch.exp(-_sq_dists(a, b) / (sigma * sigma))
+
+
+def _sq_dists(a, b):
+    """``||a_i - b_j||^2`` by the expansion of :func:`rbf_gram` (clamped at 0)."""
     sq = (a * a).sum(-1)[..., :, None] + (b * b).sum(-1)[..., None, :]
     sq = sq - 2.0 * (a @ b.transpose(-1, -2))
-    return torch.exp(-sq.clamp_min(0.0) / (sigma * sigma))
+    return sq.clamp_min(0.0)
 
 
 def _keep(exclude, B, T, device):
@@ -293,7 +298,7 @@ def _safe_ratio(num, den):
                        torch.zeros_like(num))
 
 
-def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
+def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None, shift=False):
     """Chunk-frozen RBF readout: query t reads the gate of its prefix (chunk 0 outputs 0).
 
     Parameters
@@ -304,6 +309,14 @@ def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
     sigma : float
     chunk : int
     exclude : Tensor of shape (B, T), bool, optional
+    shift : bool, default False
+        Subtract, per query, the smallest squared distance to a key it reads (multiplier > 0,
+        not excluded) inside the exponential. The ratio is unchanged (the factor cancels), but
+        the nearest readable key then has kernel value 1, so the weights of a query far from
+        every key cannot all underflow to 0 (in float32 ``exp(-d^2 / sigma^2)`` is 0 beyond
+        ``d^2 / sigma^2`` of about 104), which would leave the output 0 and its gradient 0.
+        The layers set it for unnormalised keys (``qk_norm="none"``); on RMS-normalised keys
+        ``d^2 / sigma^2 <= 2`` and it is not needed.
 
     Returns
     -------
@@ -311,8 +324,21 @@ def sv_rbf_readout(q, k, v, gate, *, sigma, chunk, exclude=None):
     """
     B, T, H, D = q.shape
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
-    weights = rbf_gram(qh, kh, sigma) * _rows_of(gate.multipliers().to(q.dtype), T, chunk)
-    weights = weights * _keep(exclude, B, T, q.device)[:, None, None, :].to(q.dtype)
+    mult = _rows_of(gate.multipliers().to(q.dtype), T, chunk)
+    keep = _keep(exclude, B, T, q.device)[:, None, None, :].to(q.dtype)
+    if shift:
+        sq = _sq_dists(qh, kh)
+        readable = (mult * keep) > 0
+        nearest = torch.where(readable, sq, torch.full_like(sq, math.inf)).amin(-1, keepdim=True)
+        nearest = torch.where(torch.isfinite(nearest), nearest, torch.zeros_like(nearest))
+        # unreadable keys keep their unshifted distance: their weight is 0 either way, and
+        # exp of a negative shifted distance could overflow (inf * 0 = nan)
+        sq = torch.where(readable, sq - nearest.detach(), sq)
+        kernel = torch.exp(-sq / (sigma * sigma))
+    else:
+        kernel = rbf_gram(qh, kh, sigma)
+    weights = kernel * mult
+    weights = weights * keep
     out = _safe_ratio(weights @ vh, weights.sum(-1))
     return out.transpose(1, 2)
 
