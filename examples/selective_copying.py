@@ -1,133 +1,95 @@
 """Selective copying: recall@1 and the SV state as near-duplicate filler grows
 (Forgetful Attention (arXiv:2607.12204), §5, Table 3).
 
-Task: :func:`svtoolkit.tasks.selective_copying` (after Gu & Dao, "Mamba: Linear-Time Sequence
-Modeling with Selective State Spaces", 2024) - 8 informative tokens ``[c_i; v_i]`` among ``F``
-near-duplicate zero-value filler tokens, then one probe ``[c_a + noise; 0]``; every (key,
-value) pair is ONE continuous token. recall@1 = the fraction of the held-out probes whose
-output is nearest to the probed value among the 8 informative values (chance 0.125).
+Task: :func:`svtoolkit.tasks.selective_copying` (after Gu & Dao, "Mamba", 2024) - 8
+informative tokens ``[c_i; v_i]`` among ``F`` near-duplicate zero-value filler tokens, then one
+probe ``[c_a + noise; 0]``; every (key, value) pair is ONE continuous token. recall@1 = the
+fraction of test probes whose output is nearest to the probed value among the 8 informative
+values (chance 0.125).
 
-Model: a linear token embedding, ONE attention layer of :data:`svtoolkit.torch.ATTENTION_LAYERS`
-and a linear value head (``examples/_vector_tasks.py``); every row shares the model, optimiser,
-schedule, data and seeds and differs only in the attention. The SV chunk is the context
-length, so the SV probe reads the gate fit on the whole context. Training: AdamW
-(0.9/0.95, weight decay 0.1, clip 1.0, warm-up + cosine) from the toolkit's trainer, with the
-mean-squared error of the probe output against its value as the loss (a thin loop over the
-trainer's pieces: :func:`svtoolkit.torch.training.train` takes token batches only). One fresh
-training instance per example; one evaluation on the held-out instances after the last step.
+Model: a linear token embedding, ONE attention layer and a linear value head; every row
+shares model, data, seeds and the training protocol of :mod:`svtoolkit.experiments` (a
+learning-rate grid, validation every k steps, a plateau rule, the lr chosen on validation,
+the chosen lr's best-validation checkpoint scored on the test split) and differs only in the
+attention. The SV rows use the paper's layer (raw projections, sigma 2); "SV
+(rms-normalised)" is the ablation with RMS-normalised q and k.
 
-Paths: the SV row's recall@1 is given twice - on the batched gate it trained with (FISTA
-partition + ridged solve, torch autograd) and on the exact fp64 gate (``forward_exact``, one
-:class:`svtoolkit.IncrementalSVDD` per instance and head). "SV state" is the mean over held-out
-instances and heads of ``|S u E|`` (keys with ``alpha > 0``) of the exact fp64 gate; every
-other number comes from the torch layer.
+Scales: ``--quick`` (a pipeline check, seconds), default (scaled to a 2-core CPU, about 40
+minutes with ``--jobs 2``), ``--paper`` (the published sweep F = 8..120; prints its
+estimated cost first). ``docs/experiments.md`` lists every difference from the paper.
 
-Rows: SV-Attention, softmax, DeltaNet, linear attention; Gated DeltaNet as an extra row.
-
-Scales (``docs/experiments.md`` lists every difference from the paper):
-
-* ``--quick`` - a pipeline check (the numbers mean nothing);
-* default - scaled to one shared CPU core (see ``PROTOCOLS["default"]``);
-* ``--paper`` - the published sweep (F = 8..120, 300 held-out instances) with the model size,
-  steps and seeds the paper does not state chosen as in ``PROTOCOLS["paper"]``.
-
-Every finished cell (method x F x seed) is appended to
-``<out>/selective_copying<suffix>.cells.jsonl``; rerunning the same command skips the cells
-already there. Outputs: ``<out>/selective_copying<suffix>.json`` (configuration, package
-versions, rows), ``.md`` (table with the published numbers) and ``.png``; the suffix is
-``_quick`` or ``_paper`` for those scales, empty for the default.
+Every finished cell (F x method x seed x lr) is appended to
+``<out>/selective_copying<suffix>.cells.jsonl``; rerunning skips finished cells, and a
+changed configuration makes new cells (the configuration is part of each cell's key).
+Outputs beside it: ``.json`` (run record, rows, curves, paired comparisons), ``.md``,
+``.png`` and ``_curves.png``, rewritten as each cell finishes.
 
 Run::
 
     python examples/selective_copying.py --quick
-    nice -n 10 python examples/selective_copying.py          # the scaled protocol, resumable
-    python examples/selective_copying.py --paper --jobs 4
+    nice -n 10 python examples/selective_copying.py --jobs 2 --no-progress
+    python examples/selective_copying.py --paper --jobs 8
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from svtoolkit.experiments.cli import Study, main
+from svtoolkit.experiments.protocol import Protocol
+from svtoolkit.experiments.studies import VECTOR_DIFFERENCES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import experiment_parser  # noqa: E402
-from _vector_tasks import METHODS, run_sweep, run_vector_cell  # noqa: E402
-
-#: What the text of Forgetful Attention (arXiv:2607.12204), §5 states for Table 3 (the table's
-#: cells are not in the text): SV-Attention ~0.99 at every F, softmax 0.48-0.76, the
-#: fixed-state recurrences fade, SV state 11-14 tokens. Range statements are kept as text.
+#: What the text of Forgetful Attention, §5 states for Table 3 (its cells are not in the
+#: text): SV-Attention ~0.99 at every F, softmax 0.48-0.76, the recurrences fade, SV state
+#: 11-14 tokens.
 PUBLISHED = {
-    "sv": {f: {"recall": "~0.99", "support": "11-14"} for f in (8, 16, 32, 64, 120)},
-    "softmax": {f: {"recall": "0.48-0.76"} for f in (8, 16, 32, 64, 120)},
-    "deltanet": {f: {"recall": "fades"} for f in (8, 16, 32, 64, 120)},
-    "linear": {f: {"recall": "fades"} for f in (8, 16, 32, 64, 120)},
+    "sv": {f: "~0.99" for f in (8, 16, 32, 64, 120)},
+    "softmax": {f: "0.48-0.76" for f in (8, 16, 32, 64, 120)},
+    "deltanet": {f: "fades" for f in (8, 16, 32, 64, 120)},
+    "linear": {f: "fades" for f in (8, 16, 32, 64, 120)},
 }
 PUBLISHED_NOTES = (
     "Published values are those stated in the text of Forgetful Attention (arXiv:2607.12204), "
     "§5 (the cells of Table 3 are not in the text): SV-Attention holds recall@1 at ~0.99 as F "
     "grows from 8 to 120, softmax is diluted to 0.48-0.76, the fixed-state recurrences fade, "
-    "and the support set stays at 11-14 tokens regardless of length. The paper does not state "
-    "the model, token dimensions, filler spread, steps or seeds of this experiment; the "
-    "choices here are in docs/experiments.md."
-)
+    "and the support set stays at 11-14 tokens.")
 
-#: Protocols. ``fillers``: the Table 3 sweep (or a subset); 300 held-out instances as published.
-PROTOCOLS = {
-    "quick": dict(fillers=(8, 16), n_heldout=16, d_model=16, n_heads=2, steps=4,
-                  batch_size=8, lr=1e-2, seeds=(0,)),
-    "default": dict(fillers=(8, 32, 120), n_heldout=300, d_model=32, n_heads=2, steps=300,
-                    batch_size=16, lr=1e-2, seeds=(0, 1, 2)),
-    "paper": dict(fillers=(8, 16, 32, 64, 120), n_heldout=300, d_model=64, n_heads=4,
-                  steps=2000, batch_size=32, lr=1e-3, seeds=(0, 1, 2)),
-}
-#: Differences specific to this experiment (after the shared ``DIFFERENCES``).
-SCALE_DIFFERENCES = {
-    "default": ("F in (8, 32, 120) instead of the five published filler counts (one shared "
-                "CPU core); 300 steps x batch 16, lr 1e-2, d_model 32, 2 heads, seeds 0-2",),
-    "paper": ("d_model 64, 4 heads, 2000 steps x batch 32, lr 1e-3, seeds 0-2 are choices",),
-    "quick": ("a pipeline check: 4 steps, 16 held-out instances; the numbers mean nothing",),
-}
-#: The task's fixed parameters (the generator's defaults: 8 informative tokens, one probe).
 TASK = dict(n_informative=8, n_queries=1, d_key=8, d_value=8, filler_jitter=0.05,
             query_noise=0.02)
+LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)
 
-
-def make_task(n_examples, setting, seed):
-    """The selective-copying batch of one setting (``setting["n_filler"]``)."""
-    from svtoolkit.tasks import selective_copying
-
-    return selective_copying(n_examples, n_filler=setting["n_filler"], seed=seed, **TASK)
-
-
-def run_cell(cell):
-    """Train one (method, F, seed) cell and score it on the held-out instances."""
-    return run_vector_cell(cell, make_task)
-
-
-def parse_args(argv=None):
-    parser = experiment_parser(__doc__, default_seeds=list(PROTOCOLS["default"]["seeds"]))
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--fillers", type=int, nargs="+", default=None,
-                        help="filler counts F (default: the protocol's)")
-    return parser.parse_args(argv)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    return run_sweep(
-        args, experiment="selective_copying", sweep_key="n_filler", sweep_name="fillers",
-        sweep=args.fillers,
-        run_cell=run_cell, protocols=PROTOCOLS, task=TASK, published=PUBLISHED,
-        published_notes=PUBLISHED_NOTES, scale_differences=SCALE_DIFFERENCES,
-        labels={
-            "column": lambda f: f"F={f}",
-            "title": "# Selective copying (Forgetful Attention, Table 3)",
-            "figure_title": "Selective copying recall@1 ({scale} scale)",
-            "xlabel": "filler tokens F",
-            "target": "probe",
-            "sweep_text": lambda v: f"F in {v}",
-        })
+STUDY = Study(
+    name="selective_copying",
+    title="# Selective copying (Forgetful Attention, Table 3)",
+    kind="vector", generator="selective_copying",
+    task={s: TASK for s in ("quick", "default", "paper")},
+    sweep_key="n_filler",
+    sweep={"quick": (8, 16), "default": (8, 32, 120), "paper": (8, 16, 32, 64, 120)},
+    model={"quick": dict(d_model=16, n_heads=2), "default": dict(d_model=32, n_heads=2),
+           "paper": dict(d_model=64, n_heads=4)},
+    protocol={
+        "quick": Protocol(lr_grid=(1e-2, 3e-3), max_steps=6, batch_size=8, eval_interval=2,
+                          min_steps=2, warmup_steps=1, n_validation=16, n_test=16),
+        "default": Protocol(lr_grid=LR_GRID, max_steps=800, batch_size=16, eval_interval=25,
+                            min_steps=250, warmup_steps=20, n_validation=200, n_test=300),
+        "paper": Protocol(lr_grid=LR_GRID, max_steps=4000, batch_size=32, eval_interval=100,
+                          min_steps=1300, warmup_steps=100, n_validation=300, n_test=300),
+    },
+    seeds={"quick": (0,), "default": (0, 1, 2), "paper": (0, 1, 2, 3, 4)},
+    methods=("sv", "sv_rms", "softmax", "deltanet", "linear", "gated_deltanet"),
+    threshold=0.9,
+    column=lambda f: f"F={f}", xlabel="filler tokens F",
+    published=PUBLISHED, published_notes=PUBLISHED_NOTES,
+    differences=VECTOR_DIFFERENCES,
+    scale_differences={
+        "quick": ("a pipeline check: 6 steps, 16 validation / test instances; the numbers "
+                  "mean nothing",),
+        "default": ("F in (8, 32, 120) of the five published filler counts; d_model 32, 2 "
+                    "heads, batch 16, at most 800 steps, seeds 0-2 (a 2-core CPU)",),
+        "paper": ("d_model 64, 4 heads, batch 32, at most 4000 steps, seeds 0-4 are "
+                  "choices",),
+    },
+    chunk=lambda task, model: task["n_filler"] + task["n_informative"],
+)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(STUDY, __doc__))

@@ -13,6 +13,16 @@ Forgetful Attention (arXiv:2607.12204), §8 and App. D. Lower values are better 
 * :func:`cohens_dz` - Cohen's ``d_z`` of the paired differences;
 * :func:`paired_comparison` - all of them at once (:class:`PairedComparison`).
 
+For accuracy-like results (higher is better, often bimodal over seeds: a seed learns the task
+or it does not):
+
+* :func:`clopper_pearson` - the exact binomial interval of a success proportion;
+* :func:`success_count` - how many seeds reach a stated threshold, with that interval
+  (:class:`SuccessCount`);
+* :func:`bootstrap_mean_ci` - a percentile bootstrap interval of the mean;
+* :func:`paired_differences` - per-seed differences of a higher-is-better metric with the
+  paired t and Wilcoxon tests (:class:`PairedDifference`).
+
 Examples
 --------
 >>> from svtoolkit.stats import paired_comparison
@@ -37,11 +47,17 @@ from scipy import stats as _stats
 
 __all__ = [
     "PairedComparison",
+    "PairedDifference",
+    "SuccessCount",
+    "bootstrap_mean_ci",
+    "clopper_pearson",
     "cohens_dz",
     "mean_with_ci",
     "paired_comparison",
+    "paired_differences",
     "paired_t_test",
     "relative_improvements",
+    "success_count",
     "wilcoxon_signed_rank",
 ]
 
@@ -264,3 +280,182 @@ def paired_comparison(baseline, treatment, *, confidence=0.95):
         mean_improvement=mean, ci_low=low, ci_high=high, confidence=confidence, t=t, t_p=t_p,
         wilcoxon_statistic=w, wilcoxon_p=w_p, cohens_dz=cohens_dz(base, treat),
         wins=int((treat < base).sum()))
+
+
+# ------------------------------------------------------------------------------ accuracy-like
+def clopper_pearson(successes, trials, confidence=0.95):
+    """Exact (Clopper-Pearson) two-sided interval of a binomial proportion.
+
+    ``low = Beta^-1((1 - c) / 2; k, n - k + 1)`` (0 when k = 0) and
+    ``high = Beta^-1((1 + c) / 2; k + 1, n - k)`` (1 when k = n): the interval of
+    :func:`scipy.stats.binomtest` ``(k, n).proportion_ci(c, method="exact")``.
+
+    Parameters
+    ----------
+    successes, trials : int
+        ``0 <= successes <= trials``, ``trials >= 1``.
+    confidence : float, default 0.95
+
+    Returns
+    -------
+    low, high : float
+    """
+    for name, value in (("successes", successes), ("trials", trials)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    k, n = int(successes), int(trials)
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= successes <= trials and trials >= 1; got successes={k}, "
+                         f"trials={n}")
+    confidence = _check_confidence(confidence)
+    tail = (1.0 - confidence) / 2.0
+    low = 0.0 if k == 0 else float(_stats.beta.ppf(tail, k, n - k + 1))
+    high = 1.0 if k == n else float(_stats.beta.ppf(1.0 - tail, k + 1, n - k))
+    return low, high
+
+
+@dataclass(frozen=True)
+class SuccessCount:
+    """What :func:`success_count` computes.
+
+    Attributes
+    ----------
+    successes, trials : int
+        Values at or above ``threshold`` and all values ("2 of 3 seeds").
+    threshold : float
+    low, high : float
+        Clopper-Pearson interval of the success probability.
+    confidence : float
+    """
+
+    successes: int
+    trials: int
+    threshold: float
+    low: float
+    high: float
+    confidence: float
+
+    def to_dict(self):
+        """A plain dict of the fields (JSON-serialisable)."""
+        return asdict(self)
+
+    def __str__(self):
+        return (f"{self.successes} of {self.trials} >= {self.threshold:g} (exact "
+                f"{self.confidence:.0%} CI of the rate {self.low:.2f}-{self.high:.2f})")
+
+
+def success_count(values, threshold, *, confidence=0.95):
+    """How many values reach ``threshold`` (``value >= threshold``), with the exact interval.
+
+    Parameters
+    ----------
+    values : array_like of shape (n,)
+        One result per seed (higher is better), ``n >= 1``.
+    threshold : float
+        The stated success level (e.g. recall@1 0.9), fixed before the run.
+    confidence : float, default 0.95
+
+    Returns
+    -------
+    SuccessCount
+    """
+    arr = _as_sample(values, "values")
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not (
+            math.isfinite(threshold)):
+        raise ValueError(f"threshold must be a finite number; got {threshold!r}")
+    k = int((arr >= threshold).sum())
+    low, high = clopper_pearson(k, int(arr.size), confidence)
+    return SuccessCount(successes=k, trials=int(arr.size), threshold=float(threshold), low=low,
+                        high=high, confidence=_check_confidence(confidence))
+
+
+def bootstrap_mean_ci(values, confidence=0.95, *, n_resamples=10_000, seed=0):
+    """Percentile bootstrap interval of the mean (resampling the values with replacement).
+
+    With few seeds the interval is coarse (with n = 3 the resampled means take at most 10
+    distinct values) and never wider than the range of the values: read it together with the
+    per-seed values and :func:`success_count`.
+
+    Parameters
+    ----------
+    values : array_like of shape (n,)
+        ``n >= 1`` finite numbers.
+    confidence : float, default 0.95
+    n_resamples : int, default 10000
+    seed : int, default 0
+        Seed of the resampling generator (``np.random.default_rng``).
+
+    Returns
+    -------
+    mean, low, high : float
+    """
+    arr = _as_sample(values, "values")
+    confidence = _check_confidence(confidence)
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, numbers.Integral) or (
+            n_resamples < 1):
+        raise ValueError(f"n_resamples must be an int >= 1; got {n_resamples!r}")
+    rng = np.random.default_rng(seed)
+    means = arr[rng.integers(0, arr.size, size=(int(n_resamples), arr.size))].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(arr.mean()), float(low), float(high)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """What :func:`paired_differences` computes (higher values are better).
+
+    Attributes
+    ----------
+    n : int
+    differences : list of float
+        Per-pair ``treatment - baseline`` (positive: the treatment is better).
+    mean_difference : float
+    baseline_mean, treatment_mean : float
+    t, t_p : float
+        Paired t statistic of ``treatment - baseline`` and its two-sided p-value.
+    wilcoxon_statistic, wilcoxon_p : float
+    wins, ties : int
+        Pairs where the treatment is strictly higher, and equal pairs.
+    """
+
+    n: int
+    differences: list
+    mean_difference: float
+    baseline_mean: float
+    treatment_mean: float
+    t: float
+    t_p: float
+    wilcoxon_statistic: float
+    wilcoxon_p: float
+    wins: int
+    ties: int
+
+    def to_dict(self):
+        """A plain dict of the fields (JSON-serialisable)."""
+        return asdict(self)
+
+
+def paired_differences(baseline, treatment):
+    """Paired comparison of a higher-is-better metric (accuracy) over seeds.
+
+    Parameters
+    ----------
+    baseline, treatment : array_like of shape (n,)
+        One value per seed, paired by position, ``n >= 2``.
+
+    Returns
+    -------
+    PairedDifference
+        The tests are those of :func:`paired_t_test` and :func:`wilcoxon_signed_rank` with the
+        roles swapped, so that ``t > 0`` means the treatment is higher.
+    """
+    base, treat = _as_pair(baseline, treatment)
+    t, t_p = paired_t_test(treat, base)
+    w, w_p = wilcoxon_signed_rank(treat, base)
+    diff = treat - base
+    return PairedDifference(
+        n=int(base.size), differences=diff.tolist(), mean_difference=float(diff.mean()),
+        baseline_mean=float(base.mean()), treatment_mean=float(treat.mean()), t=t, t_p=t_p,
+        wilcoxon_statistic=w, wilcoxon_p=w_p, wins=int((diff > 0).sum()),
+        ties=int((diff == 0).sum()))

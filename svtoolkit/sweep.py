@@ -155,7 +155,7 @@ class _Appender:
 
 # ------------------------------------------------------------------------------ running
 def run_cells(fn, cells, *, results=None, jobs=1, dask_scheduler=None, progress=True,
-              desc="cells", worker_modules=()):
+              desc="cells", worker_modules=(), on_result=None):
     """``[fn(cell) for cell in cells]`` on the chosen backend, skipping finished cells.
 
     Parameters
@@ -175,6 +175,10 @@ def run_cells(fn, cells, *, results=None, jobs=1, dask_scheduler=None, progress=
         Label of the bar.
     worker_modules : tuple of str
         Modules every Dask worker must import (checked before submitting).
+    on_result : callable, optional
+        ``on_result(done)`` after every cell that finishes now, with ``done`` the
+        ``{key: result}`` of every finished cell so far (stored ones included), e.g. to
+        rewrite a summary as a sweep progresses.
 
     Returns
     -------
@@ -201,6 +205,8 @@ def run_cells(fn, cells, *, results=None, jobs=1, dask_scheduler=None, progress=
             append(keys[i], cells[i], result)
             result = json.loads(json.dumps(result, default=_plain))  # what a resume returns
         out[keys[i]] = result
+        if on_result is not None:
+            on_result(dict(out))
 
     _dispatch(fn, [(i, cells[i]) for i in todo], finished, jobs=jobs,
               dask_scheduler=dask_scheduler, progress=progress, desc=desc, unit="cell",

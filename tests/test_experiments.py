@@ -1,5 +1,5 @@
-"""``--quick`` runs of the experiment scripts: they prove the pipeline (task, trainer, sweep
-backend, outputs, resume), not the numbers."""
+"""``--quick`` run of ``examples/mqar.py``: both tables (the vector form of Table 2 and the
+token form) through :mod:`svtoolkit.experiments`; they prove the pipeline, not the numbers."""
 
 from __future__ import annotations
 
@@ -25,66 +25,48 @@ def _load(name):
 @pytest.fixture(scope="module")
 def mqar_quick(tmp_path_factory):
     """One ``--quick`` run on three rows (the SV layer included), shared by the tests."""
+    from svtoolkit.experiments.cli import main
+
     out = tmp_path_factory.mktemp("mqar")
     script = _load("mqar")
     argv = ["--quick", "--out", str(out), "--no-progress", "--methods", "sv", "softmax",
             "deltanet"]
-    assert script.main(argv) == 0
-    return script, out, argv
+    assert main((script.VECTOR, script.TOKEN), "", argv) == 0
+    return script, out
 
 
-def test_mqar_quick_writes_json_markdown_and_figure(mqar_quick):
-    script, out, _ = mqar_quick
-    payload = json.loads((out / "mqar_quick.json").read_text())
-    assert payload["scale"] == "quick" and payload["pairs"] == [4, 8]
-    assert payload["environment"]["versions"]["torch"]
-    assert payload["backend"] == "in process (serial)"
-    rows = payload["rows"]
-    assert [(r["method"], r["n_pairs"]) for r in rows] == [
-        (m, n) for m in ("sv", "softmax", "deltanet") for n in (4, 8)]
-    for row in rows:
-        assert row["seeds"] == [0] and 0.0 <= row["mean"] <= 1.0
+def test_mqar_quick_writes_both_tables(mqar_quick):
+    _, out = mqar_quick
+    vector = json.loads((out / "mqar_quick.json").read_text())
+    token = json.loads((out / "mqar_tokens_quick.json").read_text())
+    assert vector["record"]["config"]["generator"] == "mqar_vectors"
+    assert token["record"]["config"]["generator"] == "mqar"
+    for payload in (vector, token):
+        assert [(r["method"], r["sweep_value"]) for r in payload["rows"]] == [
+            (m, n) for n in (4, 8) for m in ("sv", "softmax", "deltanet")]
+        assert payload["cells_done"] == payload["cells"] == 3 * 2 * 2
+    for row in vector["rows"]:
+        assert row["chance"] == pytest.approx(1 / row["sweep_value"])  # nearest of n values
+    for row in token["rows"]:
         assert row["chance"] == pytest.approx(1 / 16)  # value alphabet of vocabulary 32
-    assert rows[0]["attn_options"] == {"chunk": 8, "C": 0.25, "fista_iters": 80}
+    sv = next(r for r in vector["rows"] if r["method"] == "sv")
+    assert vector["record"]["config"]["method_options"]["sv"] == {
+        "qk_norm": "none", "sigma": None, "C": 0.25, "fista_iters": 80, "chunk": 4}
+    assert "recall_at_1_exact" in sv
     table = (out / "mqar_quick.md").read_text()
-    assert "| SV-Attention |" in table and "(0.87)" in table  # softmax's published 8-pair cell
-    assert "SV (no gate) is not reported" in table
-    assert (out / "mqar_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    lines = (out / "mqar_quick.cells.jsonl").read_text().splitlines()
-    assert len(lines) == 6
-
-
-def test_mqar_rerun_resumes_from_the_cells_file(mqar_quick, monkeypatch):
-    script, out, argv = mqar_quick
-    before = json.loads((out / "mqar_quick.json").read_text())["rows"]
-
-    def must_not_run(cell):
-        raise AssertionError(f"cell {cell} was run again")
-
-    monkeypatch.setattr(script, "run_cell", must_not_run)
-    assert script.main(argv) == 0
-    assert json.loads((out / "mqar_quick.json").read_text())["rows"] == before
-    # a new seed runs only its own cells
-    ran = []
-    monkeypatch.setattr(script, "run_cell", lambda cell: ran.append(cell) or {
-        "recall_at_1": 0.5, "heldout_loss": 1.0, "scored_queries": 32, "chance": 1 / 16,
-        "final_train_loss": 1.0, "params": 1, "attn_options": {}, "train_s": 0.0,
-        "step_time_median_s": 0.0, "device": "cpu"})
-    assert script.main([*argv, "--seeds", "0", "1"]) == 0
-    assert {c["seed"] for c in ran} == {1} and len(ran) == 6
-    rows = json.loads((out / "mqar_quick.json").read_text())["rows"]
-    assert all(r["seeds"] == [0, 1] for r in rows)
+    assert "| SV-Attention |" in table and "pub. 0.87" in table  # softmax's 8-pair cell
+    for stem in ("mqar_quick", "mqar_tokens_quick"):
+        assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_mqar_protocols_state_the_published_settings():
     script = _load("mqar")
-    paper = script.PROTOCOLS["paper"]
+    assert script.VECTOR.sweep["default"] == script.VECTOR.sweep["paper"] == (8, 16, 32, 64)
+    assert script.VECTOR.protocol["paper"].n_test == 400
+    assert script.VECTOR.task["default"]["n_queries"] == 8
+    paper = script.TOKEN.model["paper"]
     assert (paper["d_model"], paper["n_layers"], paper["n_heads"]) == (256, 4, 4)
-    assert paper["pairs"] == (8, 16, 32, 64) and paper["n_heldout"] == 400
-    assert paper["n_queries"] == 8 and paper["chunk"] == 64 and paper["batch_size"] == 16
-    default = script.PROTOCOLS["default"]
-    assert default["n_heldout"] == 400 and default["n_queries"] == 8
-    for protocol in script.PROTOCOLS.values():
-        assert protocol["seq_len"] >= 2 * max(protocol["pairs"]) + 2 * protocol["n_queries"]
-    with pytest.raises(SystemExit, match="^2$"):  # argparse's usage error
-        script.parse_args(["--quick", "--paper"])
+    assert script.TOKEN.task["paper"]["seq_len"] == 256
+    for scale in ("quick", "default", "paper"):
+        task = script.TOKEN.task[scale]
+        assert task["seq_len"] >= 2 * max(script.TOKEN.sweep[scale]) + 2 * task["n_queries"]
