@@ -1,0 +1,98 @@
+"""The reproduction ledger: in step with the committed result files, and its checks bite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from svtoolkit.experiments import ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_ledger_and_its_documents_are_in_step():
+    """claims.json's measured values are those of the result files, every verdict is
+    consistent, and docs/reproduction.md and the README section are what it generates."""
+    assert ledger.main(["--root", str(ROOT), "--check"]) == 0
+
+
+def test_every_claim_of_both_papers_has_a_verdict():
+    entries = ledger.load(ROOT)
+    assert {e["paper"] for e in entries} == {"Forgetful Attention", "Tensor Cache"}
+    assert all(e["verdict"] in ledger.VERDICTS for e in entries)
+    assert len({e["id"] for e in entries}) == len(entries)
+
+
+def _tree(tmp_path, entries, result):
+    (tmp_path / "examples" / "results").mkdir(parents=True)
+    (tmp_path / "examples" / "results" / "r.json").write_text(json.dumps(result))
+    (tmp_path / "examples" / "results" / "claims.json").write_text(json.dumps(entries))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(f"intro\n{ledger.README_BEGIN}\nold\n"
+                                        f"{ledger.README_END}\nrest\n")
+    return tmp_path
+
+
+def _entry(**kw):
+    entry = dict(id="c1", paper="Forgetful Attention", where="Table 2", claim="SV recalls",
+                 metric="recall@1", published=0.96, study="mqar", script="examples/mqar.py",
+                 source={"file": "examples/results/r.json", "pointer": "/rows/0/mean",
+                         "lo": "/rows/0/ci/0", "hi": "/rows/0/ci/1"},
+                 measured=None, interval=None, verdict="reproduces", evidence="3 seeds")
+    entry.update(kw)
+    return entry
+
+
+RESULT = {"rows": [{"mean": 0.95, "ci": [0.93, 0.97]}]}
+
+
+def test_refresh_reads_the_measured_value_and_writes_both_documents(tmp_path):
+    root = _tree(tmp_path, [_entry()], RESULT)
+    assert ledger.main(["--root", str(root), "--check"]) == 1  # measured not filled in yet
+    assert ledger.main(["--root", str(root)]) == 0
+    entry = ledger.load(root)[0]
+    assert entry["measured"] == 0.95 and entry["interval"] == [0.93, 0.97]
+    assert "| Table 2 | SV recalls |" in (root / "docs" / "reproduction.md").read_text()
+    readme = (root / "README.md").read_text()
+    assert readme.startswith("intro\n") and readme.endswith("rest\n") and "old" not in readme
+    assert ledger.main(["--root", str(root), "--check"]) == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(measured=0.5, interval=[0.93, 0.97]), r"differ from the source's 0\.95"),
+    (dict(verdict="holds"), r"verdict 'holds' is not one of"),
+    (dict(evidence=""), r"no evidence line"),
+    (dict(published=0.99, measured=0.95, interval=[0.93, 0.97]),
+     r"'reproduces', but the published 0\.99 is outside the measured \[0\.93, 0\.97\]"),
+    (dict(verdict="not run", measured=0.95, interval=[0.93, 0.97]),
+     r"verdict 'not run' with measured 0\.95"),
+    (dict(source={"file": "examples/results/r.json", "pointer": "/rows/1/mean"}),
+     r"source does not resolve \(IndexError"),
+    (dict(source={"file": "examples/results/r.json", "pointer": "/rows/0"}),
+     r"the source is dict, not a number"),
+])
+def test_problems_name_each_inconsistency(tmp_path, change, message):
+    import re
+
+    root = _tree(tmp_path, [], RESULT)
+    base = _entry(measured=0.95, interval=[0.93, 0.97])
+    base.update(change)
+    found = ledger.problems([base], root)
+    assert any(re.search(message, line) for line in found), found
+
+
+def test_a_published_range_that_overlaps_the_interval_reproduces(tmp_path):
+    root = _tree(tmp_path, [], RESULT)
+    entry = _entry(published="0.96-0.99", measured=0.95, interval=[0.93, 0.97])
+    assert ledger.problems([entry], root) == []
+    entry = _entry(published="0.98\u20130.99", measured=0.95, interval=[0.93, 0.97])
+    assert any("outside the measured" in p for p in ledger.problems([entry], root))
+
+
+def test_a_readme_without_the_markers_is_refused(tmp_path):
+    root = _tree(tmp_path, [_entry()], RESULT)
+    (root / "README.md").write_text("no markers\n")
+    with pytest.raises(ValueError, match="README.md has no generated ledger section"):
+        ledger.main(["--root", str(root)])
