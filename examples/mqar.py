@@ -138,7 +138,8 @@ TOKEN = Study(
     scale_differences={
         "quick": ("a pipeline check: 6 steps; the numbers mean nothing",),
         "default": ("vocabulary 128, sequences of 80 tokens, d_model 64, 2 layers, 2 heads, "
-                    "chunk 16, batch 16, at most 250 steps (too few for the token form to learn at every load: a cross-check of trends only), pairs up to 32, seeds 0-2",),
+                    "chunk 16, batch 16, at most 250 steps (a cross-check of trends: too few "
+                    "for the token form to learn at every load), pairs up to 32, seeds 0-2",),
         "paper": ("the 3.22M configuration (4 layers, d_model 256, block 256, batch 16); at "
                   "most 6000 steps and seeds 0-2 are choices",),
     },

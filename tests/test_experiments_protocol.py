@@ -230,12 +230,14 @@ def test_an_sv_cell_is_identical_under_two_thread_settings():
     # One SV cell (F = 120, the default model, 30 steps) in two fresh processes whose pools
     # start at 1 and at 2 threads (OpenMP, BLAS, Numba). Without the cell's pinning the two
     # differ (measured: the 2-thread Numba launch of the batched gate resets the shared
-    # OpenMP pool and torch's kernels then round differently), so this compares bits.
+    # OpenMP pool and torch's kernels then round differently), so this compares bits. The
+    # rms-normalised row is the cell where that shows within 30 steps (the paper-layer cell
+    # of the same size happened to agree unpinned too).
     pytest.importorskip("torch")
     from svtoolkit.experiments.cli import build_cells
 
     study = _load("selective_copying").STUDY
-    (cell,) = [c for c in build_cells(study, "default", methods=["sv"], seeds=(0,),
+    (cell,) = [c for c in build_cells(study, "default", methods=["sv_rms"], seeds=(0,),
                                       device="cpu")
                if c["sweep_value"] == 120 and c["lr"] == 1e-2]
     cell["protocol"].update(max_steps=30, eval_interval=10, min_steps=30, n_validation=32,

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .methods import METHODS, layer_options
-from .protocol import Protocol
 
 __all__ = ["DEFAULT_OUT", "Study", "build_cells", "estimate_cost", "main", "parser"]
 
