@@ -237,6 +237,9 @@ def _run(study, scale, args, cells, methods, seeds):
               "method_options": {m: cells_options(cells, m) for m in methods},
               "threshold": study.threshold, "device": args.device}
     keys = [cell_key(c) for c in cells]
+    # taken once, before any cell: the code that runs is the code of this moment, whatever
+    # the checkout becomes while the cells run
+    record = run_record(config, jobs=args.jobs)
     start = time.perf_counter()
     drawn = [-math.inf]  # when the figures were last drawn
 
@@ -249,7 +252,7 @@ def _run(study, scale, args, cells, methods, seeds):
         payload = {"experiment": study.name, "scale": scale,
                    "cells_done": sum(r is not None for r in results), "cells": len(cells),
                    "wall_s_this_call": time.perf_counter() - start,
-                   "record": run_record(config, jobs=args.jobs),
+                   "record": record,
                    "protocol_text": protocol.describe(), "published": _jsonable(study.published),
                    "published_note": study.published_notes,
                    "differences_from_paper": differences, "rows": table_rows,
