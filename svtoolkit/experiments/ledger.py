@@ -76,19 +76,33 @@ def resolve(entry, root):
     return measured, interval
 
 
+def _decimals(text):
+    return len(text.split(".")[1]) if "." in text else 0
+
+
 def _range(value):
-    """A published value as ``(low, high)`` floats, or None when it is not numeric."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value), float(value)
-    if isinstance(value, str):
-        text = value.replace("\u2013", "-").replace("~", "").strip()
-        parts = text.split("-") if text.count("-") == 1 and not text.startswith("-") else [text]
-        try:
-            numbers = [float(p) for p in parts]
-        except ValueError:
-            return None
-        return min(numbers), max(numbers)
-    return None
+    """A published value as ``(low, high)`` floats, or None when it is not numeric.
+
+    A number covers what rounds to it (half a unit of its last printed digit), ``~x`` one
+    unit either side ("about"), ``a-b`` the range between them.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        value = repr(value)
+    if not isinstance(value, str):
+        return None
+    text = value.replace("\u2013", "-").strip()
+    about = text.startswith("~")
+    text = text.lstrip("~").strip()
+    parts = text.split("-") if text.count("-") == 1 and not text.startswith("-") else [text]
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        return None
+    unit = 10.0 ** -max(_decimals(p.strip()) for p in parts)
+    slack = unit if about else unit / 2
+    return min(numbers) - slack, max(numbers) + slack
 
 
 def problems(entries, root):
@@ -97,7 +111,8 @@ def problems(entries, root):
     Checked: unique ids; a verdict from :data:`VERDICTS` and one line of evidence; a source
     that resolves to a number and equals the stored ``measured`` / ``interval``; ``not run``
     exactly when nothing is measured; and ``reproduces`` only where a numeric published value
-    overlaps the measured interval (or equals the measured value to 1 %, without one).
+    overlaps the measured interval (or the measured value to 1 %, without one), the published
+    value read to the precision it is printed with (:func:`_range`).
     """
     out, seen = [], set()
     for entry in entries:
