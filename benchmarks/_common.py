@@ -12,19 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from svtoolkit.experiments import record
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo where available, else what ``platform`` knows."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    """CPU model name (the one the experiments' run record gives), ``"unknown"`` if none."""
+    return record.cpu_model() or platform.machine() or "unknown"
 
 
 def machine_info(packages=("numpy", "numba", "scipy", "cvxpy", "clarabel", "scikit-learn",

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from svtoolkit.experiments.cli import Study, main
 from svtoolkit.experiments.protocol import Protocol
-from svtoolkit.experiments.studies import VECTOR_DIFFERENCES
+from svtoolkit.experiments.studies import LR_GRID, QUICK_PROTOCOL, VECTOR_DIFFERENCES
 
 #: What the text of Forgetful Attention, §5 states for Table 2: the distance-kernel readout
 #: 0.96-0.99, softmax 0.87 -> 0.14 (8 -> 64 pairs), DeltaNet and linear attention at chance,
@@ -54,7 +54,6 @@ PUBLISHED_NOTES = (
     "0.96-0.99, softmax decays from 0.87 to 0.14 (8 to 64 pairs), DeltaNet and linear "
     "attention collapse to chance, and at 64 pairs the gate-off ablation reaches 0.99 vs 0.88 "
     "for SV-Attention; other cells are not in the text.")
-LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)
 
 VECTOR_TASK = dict(n_queries=8, d_key=8, d_value=8, key_noise=0.02)
 VECTOR = Study(
@@ -68,8 +67,7 @@ VECTOR = Study(
     model={"quick": dict(d_model=16, n_heads=2), "default": dict(d_model=32, n_heads=2),
            "paper": dict(d_model=64, n_heads=4)},
     protocol={
-        "quick": Protocol(lr_grid=(1e-2, 3e-3), max_steps=6, batch_size=8, eval_interval=2,
-                          min_steps=2, warmup_steps=1, n_validation=16, n_test=16),
+        "quick": QUICK_PROTOCOL,
         "default": Protocol(lr_grid=LR_GRID, max_steps=500, batch_size=16, eval_interval=25,
                             min_steps=170, warmup_steps=20, n_validation=200, n_test=400),
         "paper": Protocol(lr_grid=LR_GRID, max_steps=6000, batch_size=32, eval_interval=100,
@@ -108,8 +106,7 @@ TOKEN = Study(
            "default": dict(d_model=64, n_layers=2, n_heads=2, chunk=16),
            "paper": dict(d_model=256, n_layers=4, n_heads=4, chunk=64)},
     protocol={
-        "quick": Protocol(lr_grid=(1e-2, 3e-3), max_steps=6, batch_size=8, eval_interval=2,
-                          min_steps=2, warmup_steps=1, n_validation=16, n_test=16),
+        "quick": QUICK_PROTOCOL,
         "default": Protocol(lr_grid=LR_GRID, max_steps=250, batch_size=16, eval_interval=25,
                             min_steps=80, warmup_steps=20, n_validation=100, n_test=400),
         "paper": Protocol(lr_grid=LR_GRID, max_steps=6000, batch_size=16, eval_interval=200,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from svtoolkit.experiments.cli import Study, main
 from svtoolkit.experiments.protocol import Protocol
-from svtoolkit.experiments.studies import VECTOR_DIFFERENCES
+from svtoolkit.experiments.studies import LR_GRID, QUICK_PROTOCOL, VECTOR_DIFFERENCES
 
 #: What the text of Forgetful Attention, §5 states for Table 3 (its cells are not in the
 #: text): SV-Attention ~0.99 at every F, softmax 0.48-0.76, the recurrences fade, SV state
@@ -54,7 +54,6 @@ PUBLISHED_NOTES = (
 
 TASK = dict(n_informative=8, n_queries=1, d_key=8, d_value=8, filler_jitter=0.05,
             query_noise=0.02)
-LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)
 
 STUDY = Study(
     name="selective_copying",
@@ -66,8 +65,7 @@ STUDY = Study(
     model={"quick": dict(d_model=16, n_heads=2), "default": dict(d_model=32, n_heads=2),
            "paper": dict(d_model=64, n_heads=4)},
     protocol={
-        "quick": Protocol(lr_grid=(1e-2, 3e-3), max_steps=6, batch_size=8, eval_interval=2,
-                          min_steps=2, warmup_steps=1, n_validation=16, n_test=16),
+        "quick": QUICK_PROTOCOL,
         "default": Protocol(lr_grid=LR_GRID, max_steps=800, batch_size=16, eval_interval=25,
                             min_steps=250, warmup_steps=20, n_validation=200, n_test=300),
         "paper": Protocol(lr_grid=LR_GRID, max_steps=4000, batch_size=32, eval_interval=100,

@@ -18,7 +18,7 @@ def test_version_comes_from_the_installed_metadata():
 
 
 def test_cli_prints_the_version(capsys):
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(SystemExit, match="^0$") as exc:  # argparse's version action exits 0
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out == f"svtoolkit {importlib.metadata.version('svtoolkit')}\n"

@@ -14,7 +14,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["THREAD_ENV", "git_state", "run_record", "thread_state"]
+__all__ = ["THREAD_ENV", "cpu_model", "git_state", "run_record", "thread_state"]
 
 #: Environment variables that set thread counts of the native pools.
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -42,7 +42,8 @@ def git_state(path=None):
     return {"commit": commit, "dirty": bool(status.strip())}
 
 
-def _cpu_model():
+def cpu_model():
+    """The CPU's model name (``/proc/cpuinfo``, else ``platform.processor()``), or None."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -122,7 +123,7 @@ def run_record(config, *, jobs=1, argv=None):
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    return {"git": git_state(), "cpu_model": _cpu_model(), "cpu_flags": _cpu_flags(),
+    return {"git": git_state(), "cpu_model": cpu_model(), "cpu_flags": _cpu_flags(),
             "cpu_count": os.cpu_count(), "threads": thread_state(), "jobs": jobs,
             "python": platform.python_version(), "platform": platform.platform(),
             "versions": versions, "config": config,

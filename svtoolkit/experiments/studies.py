@@ -1,10 +1,19 @@
-"""Text shared by the continuous-token studies (selective copying, capacity, MQAR vector form):
-the differences from Forgetful Attention (arXiv:2607.12204), §5, that their model and protocol
-share. Each script adds its own."""
+"""What the synthetic studies (selective copying, capacity, MQAR) share: the learning-rate grid
+and the ``--quick`` protocol, decided once for every study, and the differences from Forgetful
+Attention (arXiv:2607.12204), §5, that the continuous-token studies' model and protocol share
+(each script adds its own)."""
 
 from __future__ import annotations
 
-__all__ = ["VECTOR_DIFFERENCES"]
+from .protocol import Protocol
+
+__all__ = ["LR_GRID", "QUICK_PROTOCOL", "VECTOR_DIFFERENCES"]
+
+#: The learning-rate grid of every method at default and paper scale.
+LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)
+#: ``--quick``: a pipeline check in seconds (its numbers mean nothing).
+QUICK_PROTOCOL = Protocol(lr_grid=(1e-2, 3e-3), max_steps=6, batch_size=8, eval_interval=2,
+                          min_steps=2, warmup_steps=1, n_validation=16, n_test=16)
 
 VECTOR_DIFFERENCES = (
     "model: not stated in the paper; here a linear token embedding, ONE attention layer and "
