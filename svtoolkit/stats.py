@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats as _stats
 
+from ._validation import check_int
+
 __all__ = [
     "PairedComparison",
     "PairedDifference",
@@ -300,13 +302,10 @@ def clopper_pearson(successes, trials, confidence=0.95):
     -------
     low, high : float
     """
-    for name, value in (("successes", successes), ("trials", trials)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    k, n = int(successes), int(trials)
-    if n < 1 or not 0 <= k <= n:
-        raise ValueError(f"need 0 <= successes <= trials and trials >= 1; got successes={k}, "
-                         f"trials={n}")
+    k = check_int(successes, "successes", min=0)
+    n = check_int(trials, "trials", min=1)
+    if k > n:
+        raise ValueError(f"need successes <= trials; got successes={k}, trials={n}")
     confidence = _check_confidence(confidence)
     tail = (1.0 - confidence) / 2.0
     low = 0.0 if k == 0 else float(_stats.beta.ppf(tail, k, n - k + 1))
