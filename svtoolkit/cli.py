@@ -496,7 +496,7 @@ def _parser():
         epilog=GUARANTEES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = memory.add_subparsers(dest="command", required=True)
 
-    def command(name, func, help_text, remote=False):
+    def command(name, func, help_text, remote=False, verify=True):
         # no abbreviations: "--key" must never silently mean "--key-file"
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=_SEE_GUARANTEES,
                            allow_abbrev=False)
@@ -511,12 +511,13 @@ def _parser():
                            "the server's bearer token (default: $SVTOOLKIT_MEMORY_TOKEN)")
         p.add_argument("--key-file", metavar="PATH",
                        help=f"file holding the signing key (default: ${KEY_ENV}, if set)")
-        p.add_argument("--verify", choices=("auto", "full", "maintained"), default="auto",
-                       help="checks of the loaded solver state: full (every gradient and "
-                       "the inverse recomputed from the keys; receipts fresh too), "
-                       "maintained (the maintained certificate and one fresh audit slice), "
-                       "auto (default: full unless the store is signed, its MAC verified "
-                       "with the key, and the full check is large)")
+        if verify:
+            p.add_argument("--verify", choices=("auto", "full", "maintained"), default="auto",
+                           help="checks of the loaded solver state: full (every gradient "
+                           "and the inverse recomputed from the keys; receipts fresh too), "
+                           "maintained (the maintained certificate and one fresh audit slice), "
+                           "auto (default: full unless the store is signed, its MAC verified "
+                           "with the key, and the full check is large)")
         p.set_defaults(func=func, command_parser=p)  # its usage goes with its errors
         return p
 
@@ -585,7 +586,8 @@ def _parser():
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command("receipts", _cmd_receipts, "show the receipt log that `memory serve` keeps "
-                "(STORE.receipts.jsonl), oldest first, each entry verified", remote=True)
+                "(STORE.receipts.jsonl), oldest first, each entry verified", remote=True,
+                verify=False)  # the service loads the store at the default level (auto)
     p.add_argument("--offset", type=_count(0), default=0,
                    help="first receipt to show (0: the oldest; default 0)")
     p.add_argument("--limit", type=_count(1), help="most receipts to show (default: all)")
