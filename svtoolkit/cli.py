@@ -88,6 +88,9 @@ Keys: --key 1,2.5 or --key '[1, 2.5]'. A key starting with a minus sign can be w
 
 Text keys (--text) need the optional encoder: pip install 'svtoolkit[text]'.
 """
+#: The service's largest page (``memory._service.MAX_PAGE``, which imports the solver: a
+#: client command must not; a test keeps the two equal).
+_LARGEST_PAGE = 1000
 _SEE_GUARANTEES = "The guarantees and their scope: svtoolkit memory --help"
 
 
@@ -396,13 +399,11 @@ def _receipt_page(fetch, offset, limit):
     """The receipts ``offset, offset + 1, ...`` (at most ``limit``; None: all), oldest first.
 
     ``fetch(offset, limit)`` returns one page of the receipt log as the service does
-    (``{"receipts": [...], "total": N, ...}``, pages of at most ``MAX_PAGE``).
+    (``{"receipts": [...], "total": N, ...}``, pages of at most :data:`_LARGEST_PAGE`).
     """
-    from .memory._service import MAX_PAGE
-
     got, total = [], None
     while limit is None or len(got) < limit:
-        size = MAX_PAGE if limit is None else min(MAX_PAGE, limit - len(got))
+        size = _LARGEST_PAGE if limit is None else min(_LARGEST_PAGE, limit - len(got))
         page = fetch(offset + len(got), size)
         got.extend(page["receipts"])
         total = page["total"]
@@ -650,7 +651,15 @@ def main(argv=None):
         refused or unreadable file, a signature or receipt that does not verify, an
         operating-system error, a solver failure). Warnings (an over-budget store, a committed
         save whose directory fsync failed) are printed as ``warning: ...`` lines and do not
-        change the status.
+        change the status. Output into a pipe whose reader went away (``... | head -1``)
+        ends quietly with 0. Error messages name the command line's options, not the
+        library's parameters (:func:`_in_cli_words`).
+
+    Raises
+    ------
+    SystemExit
+        Status 2 on a usage error, after the usage of the command it belongs to; 0 after
+        ``--help`` or ``--version``.
     """
     from .memory import BudgetExceededWarning, DurabilityWarning
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -249,13 +250,13 @@ def test_a_closed_stdout_pipe_is_a_quiet_success(store, capsys):
     """``svtoolkit memory list STORE | head -1``: the reader closes the pipe; the command ends
     quietly with status 0 (Python's advice: stdout to devnull, so the exit flush cannot fail)."""
     _held(store, capsys)
-    read_end, write_end = __import__("os").pipe()
-    __import__("os").close(read_end)  # the reader is gone before anything is written
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
     try:
         proc = subprocess.run([sys.executable, "-m", "svtoolkit", "memory", "list", str(store)],
                               stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
-        __import__("os").close(write_end)
+        os.close(write_end)
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
@@ -351,6 +352,12 @@ def test_receipts_shows_the_logged_receipts(store, capsys):
     assert lines[2].endswith(f"digest_after={logged[2]['digest_after']}")
 
 
+def test_receipts_pages_are_the_services_largest():
+    from svtoolkit.memory._service import MAX_PAGE
+
+    assert cli._LARGEST_PAGE == MAX_PAGE
+
+
 def test_receipts_refuses_a_store_older_than_its_log(store, capsys):
     _held(store, capsys, n=2)
     older = store.read_bytes()
@@ -396,3 +403,20 @@ def test_list_and_receipts_through_a_server_print_what_the_file_commands_print(
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("offset, limit", [(0, None), (5, None), (0, 1001), (999, 1500),
+                                           (2400, 500)])
+def test_receipt_pages_are_joined_in_order(offset, limit):
+    """More receipts than one page: fetched page by page, none lost or repeated."""
+    log = [{"revision": i} for i in range(2500)]
+    asked = []
+
+    def fetch(start, size):
+        asked.append(size)
+        assert size <= cli._LARGEST_PAGE
+        return {"receipts": log[start: start + size], "total": len(log)}
+
+    page = cli._receipt_page(fetch, offset, limit)
+    end = None if limit is None else offset + limit
+    assert page == {"receipts": log[offset:end], "total": 2500, "offset": offset}
