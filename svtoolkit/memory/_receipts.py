@@ -282,7 +282,7 @@ def chain_line(entry):
 
 
 def next_link(head, lines):
-    """``(prev, new_head)`` for appending one receipt to a log.
+    """``(prev, start)`` for appending one receipt to a log.
 
     Parameters
     ----------
@@ -297,7 +297,8 @@ def next_link(head, lines):
     prev : str
         What the new entry carries as ``prev``.
     start : dict
-        The head before the new entry, with ``last`` still to be filled by :func:`advance`.
+        The head before the new entry (a new chain's when ``head`` is None: a fresh chain
+        identity, the lines now as its legacy part, no entry yet), for :func:`advance`.
     """
     if head is not None:
         return head["head"], head
@@ -357,7 +358,7 @@ def check_chain(name, lines, entries, head):
         raise MemoryFileError(f"{name} is missing, but {where}: the log was removed")
     if len(present) < legacy:
         raise MemoryFileError(f"{name} holds {len(present)} line(s), but {where}: the log "
-                                "was cut short or lines were deleted")
+                              "was cut short or lines were deleted")
     early = [n for n, entry in enumerate(entries[:legacy], 1) if "prev" in entry]
     if early:
         raise MemoryFileError(
@@ -367,13 +368,13 @@ def check_chain(name, lines, entries, head):
     for number, line in enumerate(present[legacy:], legacy + 1):
         prev = entries[number - 1].get("prev")
         if prev != expected:
-            what = (f"the hash of line {number - 1}" if number > legacy + 1 else
+            what = (f"the hash of line {number - 1}): a line before it was deleted, swapped, "
+                    "duplicated or edited" if number > legacy + 1 else
                     "the chain's genesis (bound to this store and to the lines before the "
-                    "chain)")
-            raise MemoryFileError(
-                f"{name}: line {number} carries prev {str(prev)[:16]}..., expected "
-                f"{expected[:16]}... ({what}): a line before it was deleted, swapped, "
-                "duplicated or edited, or the log belongs to another store")
+                    "chain)): a line before it was deleted, swapped or edited, or the log "
+                    "belongs to another store")
+            raise MemoryFileError(f"{name}: line {number} carries prev {str(prev)[:16]}..., "
+                                  f"expected {expected[:16]}... ({what}")
         expected = entry_hash(line)
         if number == legacy + count and expected != head["head"]:
             raise MemoryFileError(
@@ -393,4 +394,4 @@ def check_chain(name, lines, entries, head):
             entry_hash(last) == head["head"]:
         return last
     raise MemoryFileError(f"{name} ends after {len(present)} line(s), but {where}: the log "
-                            "was cut short")
+                          "was cut short")

@@ -22,10 +22,16 @@ Rules kept here:
   errors (and their messages) are the server's; only what the API does not have (the request
   shape, text keys, the value-size bound, paging) is checked here.
 * **Receipts.** Every receipt (forget, edit) is appended to ``REALPATH.receipts.jsonl`` (one
-  JSON object per line, fsync'd) after the store's save and before the answer; with a signing
-  key they carry its MAC, and at start-up every logged receipt is verified; signed or not, a
-  store older than the newest logged receipt (a lower revision, or the same revision with
-  another digest) is refused: it was rolled back or replayed.
+  JSON object per line, fsync'd) after the store's save and before the answer. The log is a
+  hash chain: each line carries ``prev``, the sha256 of the line before (the first: a genesis
+  bound to the store), and the store holds the head (count, last hash and the last line
+  itself), saved with the operation before its line is appended. At start-up the log is
+  checked against the head (:func:`~svtoolkit.memory._receipts.check_chain`): a log cut short,
+  a line deleted, swapped, duplicated or edited, a removed log is refused, nothing changed on
+  disk; a log lacking only the store's last line (a crash between the two writes) gets it
+  back. With a signing key every logged receipt's MAC is verified; signed or not, a store
+  older than the newest logged receipt (a lower revision, or the same revision with another
+  digest) is refused: it was rolled back or replayed.
 """
 
 from __future__ import annotations
@@ -238,7 +244,8 @@ class MemoryService:
     Raises
     ------
     MemoryFileError
-        The store (or its receipt log) does not load, or is signed and no key was given.
+        The store (or its receipt log) does not load, or is signed and no key was given; the
+        receipt log does not fit the store's chain head (the message names the line).
     StaleStateError
         The newest logged receipt is newer than the store (signed or not).
     ReceiptError
