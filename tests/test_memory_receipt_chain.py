@@ -22,7 +22,6 @@ from svtoolkit.memory import (
     MemoryFileError,
     verify_receipt,
 )
-from svtoolkit.memory._receipts import chain_genesis
 from svtoolkit.memory._service import MemoryService
 
 KEY = b"receipt-chain-test-key-32-bytes!"
@@ -189,6 +188,8 @@ def test_a_fresh_store_loads_and_starts_its_chain(tmp_path):
     with MemoryService(store) as service:  # no log, no head: nothing to check
         assert service.receipts()["total"] == 0
         service.forget("r0")
+    from svtoolkit.memory._receipts import chain_genesis
+
     head = ForgettableMemory.load(store)._receipt_chain
     assert head["count"] == 1 and head["legacy"] == 0
     assert json.loads(lines_of(store)[0])["prev"] == chain_genesis(head["store"], [])
