@@ -187,6 +187,7 @@ class ForgettableMemory:
         self._tombstones = {}  # record_id -> (reason, time)
         self._next_auto = 0
         self._revision = 0
+        self._receipt_chain = None  # head of the store's receipt log (a server's; _receipts)
         self._digest = None
         self._coefficients = None  # cached coefficients hash; None when the solver moved
         self._kkt = None  # (KKT residual, "fresh" | "maintained") of the solver; None: moved
@@ -956,6 +957,7 @@ class ForgettableMemory:
             revision=self._revision,
             digest=self.state_digest(),
             audit_cursor=self._rolling.cursor(),
+            receipt_chain=self._receipt_chain,
             key=key,
         )
 
@@ -1096,6 +1098,7 @@ class ForgettableMemory:
                                                     check_record_id)
         self._next_auto = contents.next_auto
         self._revision = contents.revision
+        self._receipt_chain = contents.receipt_chain
         self._digest = None
         self._coefficients = None
         self._kkt = None
