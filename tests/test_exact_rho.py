@@ -6,7 +6,7 @@ and reports the midpoint of rho's optimal interval. The walk's correction moves
 by more than BOUND_SNAP C for k >= 212 (1.2e-12 C at k = 212 and 300): the last margin key kept
 that residue (C - 5.5e-15 beside 211 keys at C = 1/212, 3.9e-15 beside 300 keys at C = 1/300),
 was not snapped, and pinned rho where its f = 0 -
-an arbitrary point of the interval. Every f then differed from a fresh solve's by up to 1e-4
+an arbitrary point of the interval. Every f then differed from a fresh solve's by up to 1.3e-4
 here (2.8e-3 on keys in d = 64) while the KKT residual said 1e-14. The rest state now snaps a
 margin coefficient within the rounding bound of that sum, and the certificate (KKT residual,
 ``consistency().rho_offset``, ``audit()``, the memory's rolling audit) compares rho with the
