@@ -2,7 +2,7 @@
 
 When exactly 1/C keys sit at C (nu n0 a whole number), a fresh solve has an empty margin set
 and reports the midpoint of rho's optimal interval. The walk's correction moves
-``1 - fl(sum a)`` onto the margin set, and k copies of C = 1/k summed in order fall short of 1
+``1 - fl(sum a)`` onto the margin set, and k copies of C = 1/k summed in order miss 1
 by more than BOUND_SNAP C for k >= 212 (1.2e-12 C at k = 212 and 300): the last margin key kept
 that residue (C - 5.5e-15 beside 211 keys at C = 1/212, 3.9e-15 beside 300 keys at C = 1/300),
 was not snapped, and pinned rho where its f = 0 -
