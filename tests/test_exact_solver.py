@@ -1051,7 +1051,7 @@ def test_audit_and_consistency_are_frozen_results_that_still_read_as_mappings():
     assert isinstance(found, Consistency) and isinstance(report, Audit)
     assert found["kkt_residual"] == found.kkt_residual <= 1e-13
     assert set(report.keys()) == {"grad_drift", "inverse_residual", "kkt_residual",
-                                  "refactorized"}
+                                  "refactorized", "rho_offset"}
     assert report.to_dict()["refactorized"] is False
     with pytest.raises(KeyError, match="no_such_field"):
         found["no_such_field"]
