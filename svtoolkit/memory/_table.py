@@ -120,6 +120,7 @@ class RecordTable:
         self._sqnorm_stale = False
         self.row_sid = np.zeros(0, dtype=np.int64)
         self.row_alpha = np.zeros(0)
+        self.support_rows = np.zeros(0, dtype=np.int64)  # rows with row_alpha != 0
         self._row_by_sid = np.zeros(0, dtype=np.int64)
         self._leaf_by_sid = np.zeros((0, 32), dtype=np.uint8)
         self._block_hash = np.zeros((0, 32), dtype=np.uint8)
@@ -249,10 +250,12 @@ class RecordTable:
         self._alpha_synced = False
 
     def sync_alpha(self, solver):
-        """Copy the solver's coefficients into the rows (once per change)."""
+        """Copy the solver's coefficients into the rows, and find the rows of the support
+        (``row_alpha != 0``), once per change."""
         if not self._alpha_synced:
             if self.n:
                 self.row_alpha[self._row_by_sid[solver.ids]] = solver.alpha
+            self.support_rows = self.row_alpha[: self.n].nonzero()[0]
             self._alpha_synced = True
 
     # ------------------------------------------------------------------ search
@@ -291,7 +294,8 @@ class RecordTable:
         sims : ndarray of shape (m,)
             Their similarities (direct differences).
         total : float
-            ``sum_i row_alpha[i] s_i`` over all held rows: the candidates' terms from the
+            ``sum_i row_alpha[i] s_i`` over the support rows (the others' terms are 0; the
+            coefficients must be synced, :meth:`sync_alpha`): the candidates' terms from the
             direct differences, the others' from ``a_i`` (relative error of each such term at
             most ``E inv_sigma2`` plus rounding; see ``docs/memory.md``).
         """
@@ -317,10 +321,11 @@ class RecordTable:
             # the normaliser's other terms from a (then a_i >= -E, so exp(-a_i / sigma^2)
             # <= 1 + 2^-30: no overflow); past TOTAL_RTOL, every support term directly below
             approximate_total = err * inv_sigma2 <= TOTAL_RTOL
+            support = self.support_rows
             if approximate_total:
-                approx = np.multiply(a, -inv_sigma2)
+                approx = np.multiply(a[support], -inv_sigma2)
                 np.exp(approx, out=approx)
-                total = float(self.row_alpha[:n] @ approx)
+                total = float(self.row_alpha[support] @ approx)
             # |a_i - D'_i| <= A + B a_i for the direct sum D'_i: E, the relative error of
             # D'_i, and a margin of 64 u (relative, and absolute in units of sigma^2) for the
             # rounding of exp(-D' inv_sigma2) and of the threshold (rows whose D' differ by
@@ -338,11 +343,11 @@ class RecordTable:
                 t = float(np.partition(near, k - 1)[k - 1])
                 rows = rows[near <= (t * (1.0 + slack_b) + 2.0 * slack_a) / (1.0 - slack_b)]
             sims = self._direct_similarities(rows, q, inv_sigma2)
-            if approximate_total:
+            if approximate_total:  # the candidates' terms from their direct scores
                 alpha = self.row_alpha[rows]
-                total += float(alpha @ sims - alpha @ approx[rows])
+                approx = np.multiply(a[rows], -inv_sigma2)
+                total += float(alpha @ sims - alpha @ np.exp(approx, out=approx))
             else:  # keys far from the origin for sigma: the normaliser from the differences
-                support = self.row_alpha[:n].nonzero()[0]
                 total = float(self.row_alpha[support]
                               @ self._direct_similarities(support, q, inv_sigma2))
         keep = sims >= min_similarity
