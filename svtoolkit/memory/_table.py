@@ -1,10 +1,10 @@
 """The record table of a memory and its incrementally maintained digest.
 
-Rows hold the keys for queries (swap-remove, unordered) with their squared norms, kept as rows
-come and go, for the nearest-record search (:meth:`RecordTable.nearest`); everything indexed by
-solver id ("sid", the insertion slot) follows the solver's insertion order. Each held record has a leaf
-hash in its slot; leaves are hashed in blocks of :data:`BLOCK` slots, and only the blocks an
-operation touched are rehashed (see :func:`state_digest`).
+Rows hold the keys for queries (swap-remove, unordered) with their squared norms, kept as
+rows come and go, for the nearest-record search (:meth:`RecordTable.nearest`); everything
+indexed by solver id ("sid", the insertion slot) follows the solver's insertion order. Each
+held record has a leaf hash in its slot; leaves are hashed in blocks of :data:`BLOCK` slots,
+and only the blocks an operation touched are rehashed (see :func:`state_digest`).
 """
 
 from __future__ import annotations
