@@ -3,8 +3,8 @@ eviction (Forgetful Attention (arXiv:2607.12204), §6 first paragraph, Fig. 4).
 
 A multi-query associative-recall model is trained (continuous MQAR: every fact is one token
 ``[key; value]``, a query is ``[key + noise; 0]``;
-:class:`svtoolkit.torch.learned_keys.RecallModel`, trained by :func:`~svtoolkit.torch.learned_keys.train_recall_model` through the toolkit's one
-trainer). Its learned projections are then frozen: for fresh scenes, the fact tokens' keys
+:class:`svtoolkit.torch.learned_keys.RecallModel`, trained by
+:func:`~svtoolkit.torch.learned_keys.train_recall_model` through the toolkit's one trainer). Its learned projections are then frozen: for fresh scenes, the fact tokens' keys
 ``k_i`` (the layer's RMS-normalised ``W_k`` projections), values ``v_i`` and the queries'
 ``q`` are computed in float64, and the memory over the keys is the exact fp64 solver
 (:class:`svtoolkit.IncrementalSVDD`, fixed C). A query reads ``o(q) = sum_i a_i k(q, k_i) v_i /
