@@ -498,27 +498,30 @@ def run_cell(cell):
     return run_seed(cell["seed"], cell["protocol"], cell["threads"], cell["device"])
 
 
-def estimate_cost(protocol, seeds, jobs, probe_steps=20, probe_trials=4):
+def estimate_cost(protocol, seeds, jobs, probe_steps=(10, 30), probe_trials=4):
     """Seconds the run would take, from training and panel times measured now.
 
-    One model is trained for ``probe_steps`` steps and ``probe_trials`` eviction panels are
-    run on it; a seed costs ``steps`` training steps plus ``2 scenes + trials`` panels at those
-    rates (a forget or edit panel costs about one eviction panel). Returns ``(total_s,
-    wall_s)`` with ``wall_s = total_s / jobs`` at most ``len(seeds)`` wide.
+    Two models are trained for ``probe_steps`` steps: the difference of their times gives the
+    time of a step, the rest the fixed cost of a training run (data, held-out scoring).
+    ``probe_trials`` eviction panels are run on the second; a seed costs the fixed cost,
+    ``steps`` training steps and ``2 scenes + trials`` panels at those rates (a forget or
+    edit panel costs about one eviction panel). Returns ``(total_s, wall_s)`` with
+    ``wall_s = total_s / jobs`` at most ``len(seeds)`` wide.
     """
     from svtoolkit.torch.learned_keys import RECALL_MODEL_CONFIG, train_recall_model
 
-    trained = train_recall_model(steps=probe_steps, seed=seeds[0])
-    per_step = trained.seconds / probe_steps
-    cfg = {**RECALL_MODEL_CONFIG, **trained.config}
-    model = trained.model._float64()
+    short, long = (train_recall_model(steps=n, seed=seeds[0]) for n in probe_steps)
+    per_step = max(0.0, long.seconds - short.seconds) / (probe_steps[1] - probe_steps[0])
+    fixed = max(0.0, short.seconds - probe_steps[0] * per_step)
+    cfg = {**RECALL_MODEL_CONFIG, **long.config}
+    model = long.model._float64()
     rng = np.random.default_rng([seeds[0], 2026])
     start = time.perf_counter()
     for _ in range(probe_trials):
         panel_evict(model, cfg, rng)
     per_panel = (time.perf_counter() - start) / probe_trials
-    per_seed = protocol["steps"] * per_step + (2 * protocol["scenes"] + protocol["trials"]) \
-        * per_panel
+    per_seed = fixed + protocol["steps"] * per_step \
+        + (2 * protocol["scenes"] + protocol["trials"]) * per_panel
     total = per_seed * len(seeds)
     return total, total / min(max(1, jobs), len(seeds))
 
