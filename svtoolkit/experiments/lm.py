@@ -12,7 +12,7 @@ checkpoint on the TEST split. The validation metric of every language-model stud
 (lower is better: the answer NLL, bits per byte); the plateau rule and the lr choice read its
 negation.
 
-Two kinds of cell:
+Three kinds of cell:
 
 * ``"lm_recall"`` (:func:`run_recall_cell`): :func:`svtoolkit.tasks.tensor_cache_recall`
   episodes; training instances in chunks seeded by :func:`~.protocol.train_chunk_seed`,
@@ -20,7 +20,10 @@ Two kinds of cell:
 * ``"lm_bytes"`` (:func:`run_bytes_cell`): a byte corpus of :mod:`svtoolkit.corpora`; training
   windows drawn by ``np.random.default_rng([seed, step])`` (the same data order for every
   method of a seed), validation on the first ``n_validation`` windows of ``block`` bytes of the
-  validation split, test on the first ``n_test`` windows of the test split.
+  validation split, test on the first ``n_test`` windows of the test split;
+* ``"lm_stream"`` (:func:`run_stream_cell`): a trained ``lm_bytes`` cell's saved
+  best-validation model streamed over the validation bytes far past its block (Tensor Cache,
+  Table 2(b)).
 """
 
 from __future__ import annotations
@@ -39,10 +42,10 @@ import torch
 from .engine import pinned_threads
 from .protocol import Protocol, plateau_reached, split_seed, train_chunk_seed
 
-__all__ = ["TRAIN_CHUNK_STEPS", "build_lm", "filler_evals", "load_byte_splits",
-           "measure_sv_state", "probe_step_time",
-           "recall_sequence_length", "run_bytes_cell", "run_cell", "run_recall_cell",
-           "streaming_state_bytes", "train_under_protocol"]
+__all__ = ["TRAIN_CHUNK_STEPS", "PeakMemory", "build_lm", "filler_evals", "load_byte_splits",
+           "measure_sv_state", "probe_step_time", "recall_sequence_length", "run_bytes_cell",
+           "run_cell", "run_recall_cell", "run_stream_cell", "stream_records", "stream_start",
+           "streaming_state_bytes", "train_under_protocol", "weights_path"]
 
 #: Recall training instances are generated in chunks of this many steps (as the synthetic
 #: studies'), a pure function of (seed, chunk).
@@ -447,8 +450,10 @@ def run_bytes_cell(cell):
 
 
 def run_cell(cell):
-    """Dispatch on ``cell["study"]``: :func:`run_recall_cell` or :func:`run_bytes_cell`."""
-    runners = {"lm_recall": run_recall_cell, "lm_bytes": run_bytes_cell}
+    """Dispatch on ``cell["study"]``: :func:`run_recall_cell`, :func:`run_bytes_cell` or
+    :func:`run_stream_cell`."""
+    runners = {"lm_recall": run_recall_cell, "lm_bytes": run_bytes_cell,
+               "lm_stream": run_stream_cell}
     if cell.get("study") not in runners:
         raise ValueError(f"cell['study'] must be one of {sorted(runners)}; got "
                          f"{cell.get('study')!r}")
@@ -464,3 +469,158 @@ def probe_step_time(cell, steps=3):
              n_validation=p["batch_size"], n_test=p["batch_size"])
     short = {k: v for k, v in cell.items() if k not in ("weights_dir", "state_windows")}
     return run_cell({**short, "protocol": p})["step_time_median_s"]
+
+
+# ------------------------------------------------------------------------------ streaming
+class PeakMemory:
+    """Peak memory growth of a stream: CUDA allocator stats, else the process's peak RSS.
+
+    On the CPU: the growth of the peak resident set (``VmHWM`` of ``/proc/self/status``, reset
+    through ``/proc/self/clear_refs`` at :meth:`start`) over the resident set at the start
+    (``tracemalloc`` would not see torch's allocations). On CUDA:
+    ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.base = 0
+
+    @property
+    def how(self):
+        if self.cuda:
+            return "torch.cuda.max_memory_allocated minus the allocation at the stream start"
+        return ("process peak RSS (VmHWM, reset via /proc/self/clear_refs) minus RSS at the "
+                "stream start")
+
+    @staticmethod
+    def _status(field):
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise OSError(f"{field} not in /proc/self/status")
+
+    def start(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return
+        import ctypes
+
+        try:  # give freed heap back first, so the baseline is what is live
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:
+            pass
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        self.base = self._status("VmRSS")
+
+    def peak(self):
+        if self.cuda:
+            return int(torch.cuda.max_memory_allocated(self.device) - self.base)
+        return int(self._status("VmHWM") - self.base)
+
+
+def stream_start(val_bytes, eval_seed, needed):
+    """Start of the evaluation stream of one seed (the same for every method and L):
+    ``np.random.default_rng([eval_seed])``."""
+    if val_bytes.size < needed + 1:
+        raise ValueError(f"the validation split ({val_bytes.size} bytes) is shorter than one "
+                         f"evaluation stream ({needed + 1} bytes)")
+    return int(np.random.default_rng([eval_seed]).integers(0, val_bytes.size - needed))
+
+
+def stream_records(model, tokens, lengths, decode, memory, max_length, sv_budget=None):
+    """Stream ``tokens`` (1, N) and record NLL, state, peak memory and decode speed at each L.
+
+    The bytes go through ``TinyLM.forward_with_state`` in chunks of ``block``; at every
+    ``L`` of ``lengths`` the mean NLL of the first ``L`` predictions (nats) is recorded with
+    the retained state bytes (``state.nbytes()``), then the next ``decode`` tokens are fed one
+    at a time through ``TinyLM.step`` (they count towards the longer L) and timed.
+
+    Returns
+    -------
+    list of dict
+        ``{"L", "nll", "state_bytes", "decode_tok_s", "peak_bytes"[, "sv_over_budget"]}``.
+    """
+    import torch.nn.functional as F
+
+    block = model.block
+    state = model.init_state(1, max_length=max_length, sv_budget=sv_budget)
+    memory.start()
+    nll_sum, pos, records = 0.0, 0, []
+    sync = (lambda: torch.cuda.synchronize(tokens.device)) if tokens.is_cuda else (lambda: None)
+
+    def score(logits, start):
+        targets = tokens[0, start + 1:start + 1 + logits.shape[1]]
+        return float(F.cross_entropy(logits[0].double(), targets, reduction="sum"))
+
+    with torch.no_grad():
+        for L in lengths:
+            while pos < L:
+                size = min(block, L - pos)
+                logits, state = model.forward_with_state(tokens[:, pos:pos + size], state)
+                nll_sum += score(logits, pos)
+                pos += size
+            record = {"L": L, "nll": nll_sum / L, "state_bytes": state.nbytes()}
+            if sv_budget is not None:  # boundaries where the support alone exceeded it
+                record["sv_over_budget"] = sum(getattr(s, "over_budget", 0)
+                                               for s in state.layers)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(decode):
+                logits, state = model.step(tokens[:, pos], state)
+                nll_sum += score(logits[:, None], pos)
+                pos += 1
+            sync()
+            record["decode_tok_s"] = decode / (time.perf_counter() - t0)
+            record["peak_bytes"] = memory.peak()
+            records.append(record)
+    return records
+
+
+def run_stream_cell(cell):
+    """Stream a trained byte cell's best-validation model over one evaluation seed's
+    validation bytes.
+
+    ``cell = {"study": "lm_stream", "train": <the lm_bytes cell, with weights_dir>,
+    "eval_seed": int, "lengths": [int, ...] (tokens), "decode_tokens": int, "needed": int
+    (bytes of the stream, the same for every method so that all start at the same byte),
+    "one_stream_per_length": bool (NTK scaling by L / block: Full KV), "sv_budget": int or
+    None}``.
+
+    Returns
+    -------
+    dict
+        ``start``, ``records`` (:func:`stream_records`, with ``bpb``), ``eval_s``,
+        ``memory_measure``, ``device``.
+    """
+    from svtoolkit.torch.training import resolve_device
+
+    train = cell["train"]
+    device = resolve_device(train["device"])
+    lengths, decode = list(cell["lengths"]), int(cell["decode_tokens"])
+    with pinned_threads():
+        model = build_lm(256, train["model"], train["layer"], train["options"])
+        model.load_state_dict(torch.load(weights_path(train), map_location="cpu",
+                                         weights_only=True))
+        model.to(device).eval()
+        splits = load_byte_splits(train["corpus"])
+        needed = int(cell["needed"])
+        start = stream_start(splits.val, int(cell["eval_seed"]), needed)
+        tokens = torch.from_numpy(splits.val[start:start + needed + 1].astype(np.int64))[None]
+        tokens = tokens.to(device)
+        memory = PeakMemory(device)
+        begin = time.perf_counter()
+        if cell.get("one_stream_per_length"):
+            records = [stream_records(model, tokens, [L], decode, memory, max_length=L)[0]
+                       for L in lengths]
+        else:
+            records = stream_records(model, tokens, lengths, decode, memory, max_length=None,
+                                     sv_budget=cell.get("sv_budget"))
+    for r in records:
+        r["bpb"] = r["nll"] / math.log(2)
+    return {"start": start, "records": records, "eval_s": time.perf_counter() - begin,
+            "memory_measure": memory.how, "device": str(device)}
