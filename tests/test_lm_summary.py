@@ -94,3 +94,26 @@ def test_paired_loss_differences_are_positive_when_the_treatment_is_lower():
     assert d["mean_difference"] == pytest.approx((0.2 + 0.2 + 0.1) / 3)
     assert d["wins"] == 3
     assert paired_loss_differences([3.0], [2.0]) is None
+
+
+@pytest.mark.parametrize("stem", ["tensor_cache_recall", "matched_state", "long_context"])
+def test_help_imports_neither_torch_nor_matplotlib(stem):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['{stem}.py', '--help']\n"
+            "try:\n"
+            f"    runpy.run_path({str(root / 'examples' / (stem + '.py'))!r}, "
+            "run_name='__main__')\n"
+            "except SystemExit as exc:\n"
+            "    assert exc.code == 0, exc.code\n"
+            "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(root)), cwd=root, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert "--paper" in out.stdout and "--jobs" in out.stdout and "--methods" in out.stdout
