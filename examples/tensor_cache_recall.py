@@ -408,11 +408,12 @@ def main(argv=None):
                  if args.methods is None or s[2]["method"] in args.methods] for n in names}
     cells = {}
     for spec in specs.values():
-        for _, x, cell, _ in spec:
+        for key, x, cell, _ in spec:
             for lr in protocol.lr_grid:
                 for seed in seeds:
                     full = {**cell, "lr": lr, "seed": int(seed)}
-                    cells.setdefault(cell_key(full), {**full, "sweep_value": x})
+                    # sweep_value names the setting for the --paper cost probe only
+                    cells.setdefault(cell_key(full), {**full, "sweep_value": f"{key}@{x}"})
     cells = list(cells.values())
     if scale == "paper":
         cost = estimate_cost(cells, jobs=args.jobs, probe=probe_step_time)
