@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .methods import METHODS, layer_options
 
-__all__ = ["DEFAULT_OUT", "Study", "build_cells", "estimate_cost", "main", "parser"]
+__all__ = ["DEFAULT_OUT", "Study", "build_cells", "estimate_cost", "main", "parser", "refused",
+           "scale_of"]
 
 #: Where results go without ``--out`` (relative to the working directory, outside the
 #: source tree).
@@ -122,8 +123,26 @@ def parser(doc, methods):
     return p
 
 
-def _scale(args):
+def scale_of(args):
+    """The scale the parsed flags select: "quick", "default" or "paper"."""
     return "quick" if args.quick else "paper" if args.paper else "default"
+
+
+def refused(args):
+    """Why the parsed flags cannot run (``--jobs`` below 1, ``--device cuda`` without a CUDA
+    device), printed to stderr, as the exit status 2; None when they can. Imports torch only
+    for ``--device cuda``."""
+    if args.jobs < 1:
+        print(f"--jobs must be >= 1; got {args.jobs}", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--device cuda: no CUDA device is available (torch.cuda.is_available() is "
+                  "False); nothing was run", file=sys.stderr)
+            return 2
+    return None
 
 
 def build_cells(study, scale, *, methods, seeds, device):
@@ -146,22 +165,24 @@ def build_cells(study, scale, *, methods, seeds, device):
     return cells
 
 
-def estimate_cost(cells, *, probe_steps=3, jobs=1):
+def estimate_cost(cells, *, probe_steps=3, jobs=1, probe=None):
     """Seconds the cells would take at the step cap, from step times measured now.
 
     For every (method, sweep value) one cell is trained for ``probe_steps`` steps after a
     warm-up step; a cell's cost is ``max_steps`` steps plus its validation passes (a forward
     over ``n_validation`` instances, about a third of a training step per batch). Returns
     ``{"total_s", "wall_s" (total / jobs), "per_cell_s": {...}}``; runs stopped by the
-    plateau rule cost less.
+    plateau rule cost less. ``probe(cell, steps) -> seconds per step`` defaults to
+    :func:`svtoolkit.experiments.engine.probe_step_time` (the synthetic studies' cells).
     """
-    from .engine import probe_step_time
+    if probe is None:
+        from .engine import probe_step_time as probe
 
     per = {}
     for cell in cells:
         key = f"{cell['method']}@{cell['sweep_value']}"
         if key not in per:
-            step = probe_step_time(cell, probe_steps)
+            step = probe(cell, probe_steps)
             p = cell["protocol"]
             evals = math.ceil(p["max_steps"] / p["eval_interval"])
             per[key] = step * (p["max_steps"] + evals * p["n_validation"] / p["batch_size"] / 3)
@@ -187,17 +208,10 @@ def main(studies, doc, argv=None):
     studies = (studies,) if isinstance(studies, Study) else tuple(studies)
     all_methods = tuple(dict.fromkeys(m for s in studies for m in s.methods))
     args = parser(doc, all_methods).parse_args(argv)
-    scale = _scale(args)
-    if args.jobs < 1:
-        print(f"--jobs must be >= 1; got {args.jobs}", file=sys.stderr)
-        return 2
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("--device cuda: no CUDA device is available (torch.cuda.is_available() is "
-                  "False); nothing was run", file=sys.stderr)
-            return 2
+    scale = scale_of(args)
+    status = refused(args)
+    if status is not None:
+        return status
     plans = []
     for study in studies:
         methods = [m for m in (args.methods or study.methods) if m in study.methods]

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from .protocol import Protocol
 
-__all__ = ["LR_GRID", "QUICK_PROTOCOL", "VECTOR_DIFFERENCES"]
+__all__ = ["LM_LR_GRID", "LR_GRID", "QUICK_PROTOCOL", "VECTOR_DIFFERENCES"]
 
 #: The learning-rate grid of every method at default and paper scale.
 LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)
+#: The learning-rate grid of the language-model studies (Tensor Cache recall, matched state,
+#: long context) at the default scale: two values around the rates their earlier fixed
+#: protocols used (1e-3 to 3e-3), for the 2-core budget; their ``--paper`` scale uses
+#: :data:`LR_GRID`.
+LM_LR_GRID = (1e-3, 3e-3)
 #: ``--quick``: a pipeline check in seconds (its numbers mean nothing).
 QUICK_PROTOCOL = Protocol(lr_grid=(1e-2, 3e-3), max_steps=6, batch_size=8, eval_interval=2,
                           min_steps=2, warmup_steps=1, n_validation=16, n_test=16)
