@@ -51,11 +51,11 @@ SCALES = {
                             "tensor_cache", "infini", "sv", "sv_hybrid"),
                 config=None, batch=16, warmup=3, reps=7,
                 fista=((64, 1024), (64, 8192), (256, 1024), (256, 8192)), fista_repeats=5,
-                lm_scale="paper", lm_steps=300, lm_eval_bytes=65536),
+                lm_scale="paper", lm_steps=300, lm_windows=256),
     "smoke": dict(layer_rows=("softmax", "sv_hybrid"),
                   config=dict(vocab=256, d_model=16, n_layers=1, n_heads=2, block=32),
                   batch=2, warmup=1, reps=1, fista=((16, 8),), fista_repeats=1,
-                  lm_scale="quick", lm_steps=4, lm_eval_bytes=1024),
+                  lm_scale="quick", lm_steps=4, lm_windows=4),
 }
 
 
@@ -122,33 +122,46 @@ def fista_part(scale, device, log):
 
 
 def lm_part(scale, device, log, corpus="auto", corpus_file=None):
-    """The matched-state arms at the published model size for ``lm_steps`` steps, one seed."""
+    """The matched-state arms at the scale's model size for ``lm_steps`` steps, one seed
+    (``examples/matched_state.py``'s cells, :func:`svtoolkit.experiments.lm.run_bytes_cell`,
+    with a fixed step count instead of the plateau rule: a throughput check)."""
+    from dataclasses import replace
+
     from svtoolkit.corpora import resolve_name
+    from svtoolkit.experiments.lm import run_bytes_cell
 
     ms = _load(EXAMPLES, "matched_state")
-
-    protocol = dict(ms.PROTOCOLS[scale["lm_scale"]])
-    protocol.pop("seeds")
-    protocol.update(steps=scale["lm_steps"], eval_interval=scale["lm_steps"],
-                    eval_bytes=scale["lm_eval_bytes"], state_windows=min(
-                        16, protocol["state_windows"]))
+    lm_scale, steps = scale["lm_scale"], scale["lm_steps"]
+    protocol = replace(ms.PROTOCOLS[lm_scale], lr_grid=(ms.PROTOCOLS[lm_scale].lr_grid[0],),
+                       max_steps=steps, min_steps=steps, eval_interval=steps,
+                       warmup_steps=min(ms.PROTOCOLS[lm_scale].warmup_steps, steps - 1),
+                       n_validation=scale["lm_windows"], n_test=scale["lm_windows"])
     spec = ({"file": str(corpus_file), "max_bytes": None} if corpus_file else
-            {"name": resolve_name(corpus), "max_bytes": protocol["max_bytes"]})
-    setting = {"protocol": protocol, "corpus": spec, "device": device, "threads": 1}
+            {"name": resolve_name(corpus), "max_bytes": ms.MAX_BYTES[lm_scale]})
+    chunk = ms.CHUNKS[lm_scale]
     rows, window = [], None
     for arm in ("sv_hybrid", "swa", "deltanet", "linear", "softmax"):
-        cell_setting = dict(setting, window=window) if arm == "swa" else setting
+        cell = {"study": "lm_bytes", "corpus": spec, "model": ms.MODELS[lm_scale],
+                "method": arm, "layer": ms.ARMS[arm][1],
+                "options": ms.attn_options(arm, chunk, window),
+                "protocol": protocol.to_dict(), "lr": protocol.lr_grid[0], "seed": 0,
+                "device": device}
+        if arm == "sv_hybrid":
+            cell["state_windows"] = min(16, ms.STATE_WINDOWS[lm_scale])
         start = time.perf_counter()
-        result = ms.run_cell({"method": arm, "setting": cell_setting, "seed": 0})
+        result = run_bytes_cell(cell)
         wall = time.perf_counter() - start
         if arm == "sv_hybrid":
-            window = ms.matched_window(result["state"]["exact"], protocol["chunk"])
-        rows.append({"arm": arm, "wall_s": wall, **{k: v for k, v in result.items()
-                                                     if k != "evals"}})
-        log(f"  {arm:10s} {result['step_time_median_s'] * 1e3:8.1f} ms/step  "
-            f"{result['tokens_per_s']:10,.0f} tokens/s  val {result['best_val_bpb']:.3f} b/B "
-            f"after {protocol['steps']} steps ({wall:.0f} s)")
-    return {"protocol": protocol, "corpus": spec, "rows": rows}
+            window = ms.matched_window(result["state"]["exact"], chunk)
+        step_s = result["step_time_median_s"]
+        tokens_per_s = protocol.batch_size * ms.MODELS[lm_scale]["block"] / step_s
+        rows.append({"arm": arm, "options": cell["options"], "wall_s": wall,
+                     "tokens_per_s": tokens_per_s,
+                     **{k: v for k, v in result.items() if k != "curve"}})
+        log(f"  {arm:10s} {step_s * 1e3:8.1f} ms/step  {tokens_per_s:10,.0f} tokens/s  "
+            f"val {result['best_val_loss']:.3f} b/B after {steps} steps ({wall:.0f} s)")
+    return {"protocol": protocol.to_dict(), "model": ms.MODELS[lm_scale], "chunk": chunk,
+            "corpus": spec, "rows": rows}
 
 
 # ------------------------------------------------------------------------------ main
