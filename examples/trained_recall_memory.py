@@ -3,8 +3,8 @@ eviction (Forgetful Attention (arXiv:2607.12204), §6 first paragraph, Fig. 4).
 
 A multi-query associative-recall model is trained (continuous MQAR: every fact is one token
 ``[key; value]``, a query is ``[key + noise; 0]``;
-:class:`svtoolkit.torch.learned_keys.RecallModel`, trained by :func:`~svtoolkit.torch.learned_keys.train_recall_model` through the toolkit's one
-trainer). Its learned projections are then frozen: for fresh scenes, the fact tokens' keys
+:class:`svtoolkit.torch.learned_keys.RecallModel`, trained by
+:func:`~svtoolkit.torch.learned_keys.train_recall_model` through the toolkit's one trainer). Its learned projections are then frozen: for fresh scenes, the fact tokens' keys
 ``k_i`` (the layer's RMS-normalised ``W_k`` projections), values ``v_i`` and the queries'
 ``q`` are computed in float64, and the memory over the keys is the exact fp64 solver
 (:class:`svtoolkit.IncrementalSVDD`, fixed C). A query reads ``o(q) = sum_i a_i k(q, k_i) v_i /
@@ -40,28 +40,33 @@ exact gate).
 Scales: ``--quick`` (a pipeline check, seconds), the default (3 seeds, 500 training steps,
 300 scenes and 300 eviction trials per seed; about a minute per seed on one core) and
 ``--paper`` (one model trained as in the paper's reference code - 500 steps, seed 0 - and its
-120 eviction trials). Outputs ``<out>/trained_recall_memory<suffix>.{json,md,png}`` (suffix
-``_quick`` / ``_paper`` for those scales).
+120 eviction trials; its estimated cost, from step and panel times measured now, is printed
+first). Outputs ``<out>/trained_recall_memory<suffix>.{json,md,png}`` (suffix ``_quick`` /
+``_paper`` for those scales; ``--out`` defaults to ``./svtoolkit-results``); the JSON carries
+the run record. Each seed is one cell, appended to ``<stem>.cells.jsonl`` when it finishes:
+rerunning the command skips finished seeds (a changed protocol makes new cells), and
+``--jobs N`` runs seeds in parallel.
 
 Run::
 
     python examples/trained_recall_memory.py --quick
-    nice -n 10 python examples/trained_recall_memory.py
+    nice -n 10 python examples/trained_recall_memory.py --out examples/results
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, environment  # noqa: E402
+from svtoolkit.experiments.script import (
+    Outputs,
+    check_device,
+    check_jobs,
+    parser,
+    scale_of,
+)
 
 #: Scales: training steps, scenes per seed for panels (a) and (b), eviction trials (c), seeds.
 PROTOCOLS = {
@@ -478,35 +483,80 @@ def _bars(ax, bars, by, ylabel, title):
 
 # ------------------------------------------------------------------------------ main
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    scale = parser.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true", help="pipeline check (seconds)")
-    scale.add_argument("--paper", action="store_true", help="the paper's protocol")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help="training seeds (default: the scale's)")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                        help="where the recall model trains (the exact solver and the "
-                             "panels run on the CPU)")
-    parser.add_argument("--threads", type=int, default=1, help="torch/Numba threads")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
-    return parser.parse_args(argv)
+    p = parser(__doc__, extra="torch,examples", jobs=True, device=True,
+               paper="one model trained as in the paper's reference code (500 steps, seed 0) "
+                     "and its 120 eviction trials")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="training seeds (default: the scale's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch/Numba threads of each cell (training itself runs on one)")
+    return p.parse_args(argv)
+
+
+def run_cell(cell):
+    """One seed: train its model and run the three panels (the sweep's cell function)."""
+    return run_seed(cell["seed"], cell["protocol"], cell["threads"], cell["device"])
+
+
+def estimate_cost(protocol, seeds, jobs, probe_steps=(10, 30), probe_trials=4):
+    """Seconds the run would take, from training and panel times measured now.
+
+    Two models are trained for ``probe_steps`` steps: the difference of their times gives the
+    time of a step, the rest the fixed cost of a training run (data, held-out scoring).
+    ``probe_trials`` eviction panels are run on the second; a seed costs the fixed cost,
+    ``steps`` training steps and ``2 scenes + trials`` panels at those rates (a forget or
+    edit panel costs about one eviction panel). Returns ``(total_s, wall_s)`` with
+    ``wall_s = total_s / jobs`` at most ``len(seeds)`` wide.
+    """
+    from svtoolkit.torch.learned_keys import RECALL_MODEL_CONFIG, train_recall_model
+
+    short, long = (train_recall_model(steps=n, seed=seeds[0]) for n in probe_steps)
+    per_step = max(0.0, long.seconds - short.seconds) / (probe_steps[1] - probe_steps[0])
+    fixed = max(0.0, short.seconds - probe_steps[0] * per_step)
+    cfg = {**RECALL_MODEL_CONFIG, **long.config}
+    model = long.model._float64()
+    rng = np.random.default_rng([seeds[0], 2026])
+    start = time.perf_counter()
+    for _ in range(probe_trials):
+        panel_evict(model, cfg, rng)
+    per_panel = (time.perf_counter() - start) / probe_trials
+    per_seed = fixed + protocol["steps"] * per_step \
+        + (2 * protocol["scenes"] + protocol["trials"]) * per_panel
+    total = per_seed * len(seeds)
+    return total, total / min(max(1, jobs), len(seeds))
 
 
 def main(argv=None):
     args = parse_args(argv)
-    scale = "quick" if args.quick else "paper" if args.paper else "default"
+    for refused in (check_jobs(args), check_device(args)):
+        if refused:
+            return refused
+    scale = scale_of(args)
     protocol = dict(PROTOCOLS[scale])
-    seeds = tuple(args.seeds) if args.seeds else protocol.pop("seeds")
-    protocol.pop("seeds", None)
-    start = time.perf_counter()
-    per_seed = [run_seed(seed, protocol, args.threads, args.device) for seed in seeds]
-    rows = summarise(per_seed)
+    seeds = tuple(args.seeds) if args.seeds else protocol["seeds"]
+    protocol.pop("seeds")
+    from svtoolkit.sweep import cell_key, run_cells
     from svtoolkit.torch.learned_keys import RECALL_MODEL_CONFIG
 
+    if scale == "paper":
+        total, wall = estimate_cost(protocol, seeds, args.jobs)
+        print(f"trained_recall_memory --paper: {len(seeds)} seed(s); estimated {total:.0f} s "
+              f"of CPU, about {wall:.0f} s with --jobs {args.jobs} (from training and panel "
+              "times measured now)", flush=True)
     model_cfg = {k: v for k, v in RECALL_MODEL_CONFIG.items()
                  if k not in ("context", "contexts", "dedup")}
     model_cfg["steps"] = protocol["steps"]
+    redundant = {"rare": N_RARE, "dense": N_DENSE, "copies": COPIES, "jitter": JITTER}
+    config = {"experiment": "trained_recall_memory", "scale": scale, "protocol": protocol,
+              "model": model_cfg, "seeds": list(seeds), "device": args.device,
+              "threads": args.threads, "gammas": list(GAMMAS),
+              "redundant_context": redundant}
+    out = Outputs(args.out, "trained_recall_memory", scale, config, jobs=args.jobs)
+    # everything that decides a seed's numbers is in its cell (and so in its key)
+    cells = [{"seed": int(seed), "protocol": protocol, "model": model_cfg,
+              "device": args.device, "threads": args.threads, "gammas": list(GAMMAS),
+              "redundant_context": redundant} for seed in seeds]
+    keys = [cell_key(c) for c in cells]
     scale_line = (f"Scale '{scale}': RecallModel d_model {model_cfg['d_model']}, "
                   f"{model_cfg['n_heads']} head, {model_cfg['n_facts']} facts, C "
                   f"{model_cfg['C']}, sigma {model_cfg['sigma']} on RMS-normalised keys, "
@@ -514,23 +564,32 @@ def main(argv=None):
                   f"{protocol['scenes']} scene(s) per seed for (a) and (b), "
                   f"{protocol['trials']} trials for (c); seeds {list(seeds)}; exact fp64 "
                   f"solver on the frozen learned keys.")
-    suffix = "" if scale == "default" else f"_{scale}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"trained_recall_memory{suffix}"
-    payload = {"experiment": "trained_recall_memory", "scale": scale, "protocol": protocol,
-               "model": model_cfg, "seeds": list(seeds), "device": args.device,
-               "gammas": list(GAMMAS),
-               "redundant_context": {"rare": N_RARE, "dense": N_DENSE, "copies": COPIES,
-                                     "jitter": JITTER},
-               "scale_note": scale_line, "wall_s": time.perf_counter() - start,
-               "per_seed": per_seed, "rows": rows, "environment": environment()}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    table = markdown(rows, scale_line)
-    stem.with_suffix(".md").write_text("# Auditable memory on a trained recall model "
-                                       "(Forgetful Attention, Fig. 4)\n\n" + table)
-    figure(rows, stem.with_suffix(".png"), f"trained recall model, exact fp64 memory "
-                                           f"({scale} scale)")
+    start = time.perf_counter()
+
+    def write(done):
+        per_seed = [done[k] for k in keys if k in done]
+        rows = summarise(per_seed) if per_seed else []
+        payload = {"experiment": "trained_recall_memory", "scale": scale,
+                   "protocol": protocol, "model": model_cfg, "seeds": list(seeds),
+                   "seeds_done": len(per_seed), "device": args.device,
+                   "gammas": list(GAMMAS), "redundant_context": redundant,
+                   "scale_note": scale_line,
+                   "wall_s_this_call": time.perf_counter() - start,
+                   "per_seed": per_seed, "rows": rows}
+        out.write_json(payload)
+        table = markdown(rows, scale_line)
+        out.write_text(".md", "# Auditable memory on a trained recall model "
+                              "(Forgetful Attention, Fig. 4)\n\n" + table)
+        return rows, table
+
+    results = run_cells(run_cell, cells, results=out.path(".cells.jsonl"), jobs=args.jobs,
+                        progress=not args.no_progress, desc=f"trained_recall_memory ({scale})",
+                        on_result=write)
+    rows, table = write(dict(zip(keys, results, strict=True)))
+    figure(rows, out.figure(), f"trained recall model, exact fp64 memory ({scale} scale)")
     print(table)
+    out.note(out.path(".cells.jsonl"))
+    out.report()
     return 0
 
 

@@ -23,6 +23,23 @@ FEASIBILITY_TOL = 1e-15
 #: A problem with m keys is feasible when ``m C >= FEASIBLE_FROM`` (float64 product).
 FEASIBLE_FROM = 1.0 - FEASIBILITY_TOL
 
+# --- rest state of the exact solver (and the reference's canonical form) -----------------------
+#: A margin coefficient within ``BOUND_SNAP * C`` of a bound is at that bound (the residue of
+#: its own updates: a step that lands a coefficient on a bound computes it as a difference of
+#: quantities of size C, so it ends a few ulps of C away; 1e-12 C leaves a wide margin above
+#: that and far below any coefficient that matters).
+BOUND_SNAP = 1e-12
+#: Unit roundoff of fp64 (2^-53). The other residue a margin coefficient can carry is the
+#: rounding of the sum ``sum(a) = 1`` it belongs to: the correction walk moves ``1 - fl(sum a)``
+#: onto the margin set, so when no coefficient is truly free the last margin key keeps the
+#: rounding of that sum (measured: 212 or more keys at ``C = 1/k`` sum to ``1 - 1.2e-12 C``
+#: in slot order, just above ``BOUND_SNAP * C``, and the residue pinned rho at an arbitrary
+#: point of its optimal interval, f off a fresh solve by up to 2.8e-3). Summed in order, the
+#: rounding error of ``s = a_1 + ... + a_n`` is at most ``SUM_ROUNDOFF * sum_i |s_i|`` over the
+#: computed partial sums s_i (each addition errs by at most u |s_i|, and the errors add), so a
+#: margin coefficient within that bound of a bound is at that bound.
+SUM_ROUNDOFF = 2.0**-53
+
 # --- batched (approximate) path: torch, MLX and the fused Numba kernel -------------------------
 #: Power iterations before the Lipschitz bound of FISTA is read off. The bound is a valid upper
 #: bound after any number of them (Collatz-Wielandt); 16 from the all-ones vector bring it

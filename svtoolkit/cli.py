@@ -1,6 +1,6 @@
 """Command line: ``svtoolkit memory COMMAND``.
 
-Commands: init, add, forget, edit, query, list, audit, sign, check-receipt, serve.
+Commands: init, add, forget, edit, query, list, audit, receipts, sign, check-receipt, serve.
 
 Also runnable as ``python -m svtoolkit``. Every command that changes a store takes an exclusive
 lock on ``STORE.lock`` (POSIX; STORE with symlinks resolved), loads and verifies the file,
@@ -9,8 +9,9 @@ environment variable ``SVTOOLKIT_MEMORY_KEY``; never a command-line value) files
 and verified, and receipts carry a MAC. ``serve`` keeps the store resident behind an HTTP API
 (:mod:`svtoolkit.memory.server`) and owns it while it runs: a change of the file is then
 refused with a message naming the server's address; ``add``, ``forget``, ``edit``, ``query``,
-``list`` and ``audit`` take ``--server URL`` to talk to it instead of opening the file. A
-signed store is never written without its key.
+``list``, ``audit`` and ``receipts`` take ``--server URL`` to talk to it instead of opening the
+file. A signed store is never written without its key. Every command that prints data takes
+``--json`` (one JSON document on stdout).
 """
 
 from __future__ import annotations
@@ -87,6 +88,26 @@ Keys: --key 1,2.5 or --key '[1, 2.5]'. A key starting with a minus sign can be w
 
 Text keys (--text) need the optional encoder: pip install 'svtoolkit[text]'.
 """
+#: The service's largest page (``memory._service.MAX_PAGE``, which imports the solver: a
+#: client command must not; a test keeps the two equal).
+_LARGEST_PAGE = 1000
+_SEE_GUARANTEES = "The guarantees and their scope: svtoolkit memory --help"
+
+
+def _count(low):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}; got {text!r}") \
+                from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}; got {value}")
+        return value
+    return parse
+
+
 #: A token that is a key starting with a minus sign ("-1,2", "-.5 3", "-1e-3"), not an option.
 _NEGATIVE_KEY = re.compile(r"^-\.?\d")
 
@@ -347,8 +368,13 @@ def _cmd_remote(args):
         _print_hits(client.query(body.get("key"), k=args.k, min_similarity=args.min_similarity,
                                  text=body.get("text")), args.json)
     elif cmd == "list":
-        for rec in client.records():
-            print(f"{_text(rec['record_id'])}\t{_text(rec['value'])}")
+        _print_records([(rec["record_id"], rec["value"]) for rec in client.records()],
+                       args.json)
+    elif cmd == "receipts":
+        _print_receipts(_receipt_page(
+            lambda offset, limit: client.request("GET", "/receipts",
+                                                 params={"offset": offset, "limit": limit}),
+            args.offset, args.limit), args.json)
     else:
         out = client.request("GET", "/audit")
         _emit({name: out[name] for name in out if name not in ("signed", "time")}, args.json)
@@ -356,8 +382,64 @@ def _cmd_remote(args):
 
 def _cmd_list(args):
     mem = _load(args)
-    for rid in mem.record_ids:
-        print(f"{_text(rid)}\t{_text(mem.get(rid))}")
+    _print_records([(rid, mem.get(rid)) for rid in mem.record_ids], args.json)
+
+
+def _print_records(records, as_json):
+    """``(record_id, value)`` pairs: one JSON list of objects, or one tab-separated line each."""
+    if as_json:
+        print(json.dumps([{"record_id": rid, "value": value} for rid, value in records],
+                         indent=2, ensure_ascii=False))
+    else:
+        for rid, value in records:
+            print(f"{_text(rid)}\t{_text(value)}")
+
+
+def _receipt_page(fetch, offset, limit):
+    """The receipts ``offset, offset + 1, ...`` (at most ``limit``; None: all), oldest first.
+
+    ``fetch(offset, limit)`` returns one page of the receipt log as the service does
+    (``{"receipts": [...], "total": N, ...}``, pages of at most :data:`_LARGEST_PAGE`).
+    """
+    got, total = [], None
+    while limit is None or len(got) < limit:
+        size = _LARGEST_PAGE if limit is None else min(_LARGEST_PAGE, limit - len(got))
+        page = fetch(offset + len(got), size)
+        got.extend(page["receipts"])
+        total = page["total"]
+        if len(page["receipts"]) < size:
+            break
+    return {"receipts": got, "total": total, "offset": offset}
+
+
+def _print_receipts(page, as_json):
+    if as_json:
+        print(json.dumps(page, indent=2, ensure_ascii=False))
+        return
+    for entry in page["receipts"]:
+        print(f"revision={entry['revision']}\t{entry['operation']}\t{_text(entry['record_id'])}"
+              f"\ttime={_text(entry['time'])}\tdigest_after={entry['digest_after']}")
+    shown = len(page["receipts"])
+    print(f"{shown} of {page['total']} receipts (from offset {page['offset']})", file=sys.stderr)
+
+
+def _no_encoder(text):
+    raise ValueError("receipts does not encode text")
+
+
+def _cmd_receipts(args):
+    """The store's receipt log (written by ``memory serve``), verified by the service rules:
+    every entry's MAC with the key, and the store not older than the newest entry."""
+    from .memory._format import is_signed_file
+    from .memory._service import MemoryService
+
+    key = _signing_key(args)
+    if key is None and is_signed_file(args.store):
+        raise ValueError(f"{args.store} is signed: give its key (--key-file PATH or "
+                         f"${KEY_ENV}) to verify its receipts")
+    with MemoryService(args.store, signing_key=key, encoder=_no_encoder) as service:
+        page = _receipt_page(service.receipts, args.offset, args.limit)
+    _print_receipts(page, args.json)
 
 
 def _cmd_sign(args):
@@ -428,10 +510,9 @@ def _parser():
         epilog=GUARANTEES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = memory.add_subparsers(dest="command", required=True)
 
-    def command(name, func, help_text, remote=False):
+    def command(name, func, help_text, remote=False, verify=True):
         # no abbreviations: "--key" must never silently mean "--key-file"
-        p = sub.add_parser(name, help=help_text, description=help_text, epilog=GUARANTEES,
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=_SEE_GUARANTEES,
                            allow_abbrev=False)
         p.add_argument("store", nargs="?" if remote else None,
                        help="path of the memory file" + (" (not with --server)" if remote
@@ -444,13 +525,14 @@ def _parser():
                            "the server's bearer token (default: $SVTOOLKIT_MEMORY_TOKEN)")
         p.add_argument("--key-file", metavar="PATH",
                        help=f"file holding the signing key (default: ${KEY_ENV}, if set)")
-        p.add_argument("--verify", choices=("auto", "full", "maintained"), default="auto",
-                       help="checks of the loaded solver state: full (every gradient and "
-                       "the inverse recomputed from the keys; receipts fresh too), "
-                       "maintained (the maintained certificate and one fresh audit slice), "
-                       "auto (default: full unless the store is signed, its MAC verified "
-                       "with the key, and the full check is large)")
-        p.set_defaults(func=func)
+        if verify:
+            p.add_argument("--verify", choices=("auto", "full", "maintained"), default="auto",
+                           help="checks of the loaded solver state: full (every gradient "
+                           "and the inverse recomputed from the keys; receipts fresh too), "
+                           "maintained (the maintained certificate and one fresh audit slice), "
+                           "auto (default: full unless the store is signed, its MAC verified "
+                           "with the key, and the full check is large)")
+        p.set_defaults(func=func, command_parser=p)  # its usage goes with its errors
         return p
 
     def key_args(p):
@@ -486,13 +568,18 @@ def _parser():
     p.add_argument("record_id")
     p.add_argument("--audit", action="store_true",
                    help="also compare with a from-scratch solve of the remaining records")
+    p.add_argument("--json", action="store_true", help="print JSON (the receipt is JSON "
+                   "either way)")
 
     p = command("edit", _cmd_edit, "change a record's key and/or value (exact remove-and-add)",
                 remote=True)
     p.add_argument("record_id")
     key_args(p)
     value_args(p)
-    p.add_argument("--audit", action="store_true")
+    p.add_argument("--audit", action="store_true",
+                   help="also compare with a from-scratch solve of the records after the edit")
+    p.add_argument("--json", action="store_true", help="print JSON (the receipt is JSON "
+                   "either way)")
 
     p = command("query", _cmd_query, "the nearest records supporting a query", remote=True)
     key_args(p)
@@ -500,8 +587,10 @@ def _parser():
     p.add_argument("--min-similarity", type=float, help="override the store's threshold")
     p.add_argument("--json", action="store_true", help="print JSON (an empty list: no record)")
 
-    command("list", _cmd_list, "list the held records: JSON id, tab, JSON value, per line",
+    p = command("list", _cmd_list, "list the held records: JSON id, tab, JSON value, per line",
                 remote=True)
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON list of {record_id, value} objects")
     command("sign", _cmd_sign, "sign an existing store with the key (HMAC-SHA256)")
     p = command("check-receipt", _cmd_check_receipt,
                 "check a receipt's MAC and that the store is not older than it")
@@ -509,6 +598,15 @@ def _parser():
 
     p = command("audit", _cmd_audit, "verify the file and recompute the certificate", remote=True)
     p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("receipts", _cmd_receipts, "show the receipt log that `memory serve` keeps "
+                "(STORE.receipts.jsonl), oldest first, each entry verified", remote=True,
+                verify=False)  # the service loads the store at the default level (auto)
+    p.add_argument("--offset", type=_count(0), default=0,
+                   help="first receipt to show (0: the oldest; default 0)")
+    p.add_argument("--limit", type=_count(1), help="most receipts to show (default: all)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: receipts, total, offset")
 
     p = command("serve", _cmd_serve, "serve the store over HTTP: JSON API and audit page "
                 "(needs svtoolkit[serve]; see docs/memory_server.md)")
@@ -571,20 +669,20 @@ def main(argv=None):
         refused or unreadable file, a signature or receipt that does not verify, an
         operating-system error, a solver failure). Warnings (an over-budget store, a committed
         save whose directory fsync failed) are printed as ``warning: ...`` lines and do not
-        change the status.
+        change the status. Output into a pipe whose reader went away (``... | head -1``)
+        ends quietly with 0. Error messages name the command line's options, not the
+        library's parameters (:func:`_in_cli_words`).
+
+    Raises
+    ------
+    SystemExit
+        Status 2 on a usage error, after the usage of the command it belongs to; 0 after
+        ``--help`` or ``--version``.
     """
     from .memory import BudgetExceededWarning, DurabilityWarning
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser()
-    args = parser.parse_args(_join_negative_keys(argv))
-    if getattr(args, "server", None) is not None:
-        if args.store is not None or args.key_file is not None:
-            parser.error(f"memory {args.command} --server: give no STORE and no --key-file "
-                         "(the server holds the store and its key)")
-        args.func = _cmd_remote
-    elif getattr(args, "store", "") is None:
-        parser.error(f"memory {args.command}: the following arguments are required: store")
+    args = _parse(_parser(), _join_negative_keys(argv))
     if args.func not in (_cmd_remote, _cmd_warmup):  # a remote command compiles nothing here
         from ._warmup import announce_compilation
 
@@ -594,16 +692,90 @@ def main(argv=None):
             warnings.simplefilter("always", category)
         try:
             args.func(args)
+            sys.stdout.flush()  # a closed pipe shows here, inside the handlers below
+            status = 0
+        except BrokenPipeError:
+            # the reader went away (``svtoolkit memory list STORE | head -1``): not an error.
+            # Python's docs: point stdout at devnull so the flush at exit cannot fail again.
+            _silence_stdout()
             status = 0
         except KeyError as exc:
-            print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+            print(f"error: {_in_cli_words(str(exc.args[0] if exc.args else exc))}",
+                  file=sys.stderr)
             status = 1
         except RecursionError:
             print("error: input nested too deeply", file=sys.stderr)
             status = 1
         except _reported_errors() as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {_in_cli_words(str(exc))}", file=sys.stderr)
             status = 1
     for w in caught:  # a committed change stays a success, with its warnings
         print(f"warning: {w.message}", file=sys.stderr)
     return status
+
+
+def _parse(parser, argv):
+    """Parsed arguments; a usage error exits 2 with the usage of the command it belongs to."""
+    args, extra = parser.parse_known_args(argv)
+    command_parser = getattr(args, "command_parser", parser)
+    if extra:
+        command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "server", None) is not None:
+        if args.store is not None or args.key_file is not None:
+            command_parser.error(f"memory {args.command} --server: give no STORE and no "
+                                 "--key-file (the server holds the store and its key)")
+        args.func = _cmd_remote
+    elif getattr(args, "store", "") is None:
+        # ``forget STORE``: argparse gave the one word to RECORD_ID; STORE comes first
+        missing = "record_id" if getattr(args, "record_id", None) is not None else "store"
+        command_parser.error(f"the following arguments are required: {missing}")
+    return args
+
+
+def _silence_stdout():
+    """Point file descriptor 1 at devnull (when stdout is a real file; a test's is not)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+#: Library messages that name Python parameters or methods, in the command line's words:
+#: (pattern at the start of a message, replacement).
+_CLI_WORDS = [
+    (r"q has dimension", "--key has dimension"),
+    (r"q must be 1-D of shape \(d,\); got shape", "--key must be a flat list of numbers; got "
+     "shape"),
+    (r"key has dimension", "--key has dimension"),
+    (r"k must be", "-k must be"),
+    (r"min_similarity must", "--min-similarity must"),
+    (r"sigma must", "--sigma must"),
+    (r"nu must", "--nu must"),
+    (r"n0 must", "--n0 must"),
+    (r"C must", "--C must"),
+    (r"budget must", "--budget must"),
+    (r"budget=(\S+) with C=(\S+) gives", r"--budget \1 with --C \2 gives"),
+    (r"give C, or nu together with n0", "give --C, or --nu together with --n0"),
+    (r"record_id", "the record id"),
+    (r"edit needs a new value, a new key, or both",
+     "edit needs a new value (--value, --value-json), a new key (--key, --text), or both"),
+]
+#: Anywhere in a message.
+_CLI_WORDS_ANYWHERE = [
+    (r"\(use edit\(\) to change it\)", "(use `svtoolkit memory edit` to change it)"),
+    (r"raise the budget to", "raise --budget to"),
+]
+
+
+def _in_cli_words(message):
+    """``message`` with the Python names of the library's parameters as the options."""
+    for pattern, replacement in _CLI_WORDS:
+        message, n = re.subn("^" + pattern, replacement, message)
+        if n:
+            break
+    for pattern, replacement in _CLI_WORDS_ANYWHERE:
+        message = re.sub(pattern, replacement, message)
+    return message

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ._optional import require
-from ._rules import FEASIBILITY_TOL, IPM_PARTITION_TOL
+from ._rules import BOUND_SNAP, FEASIBILITY_TOL, IPM_PARTITION_TOL, SUM_ROUNDOFF
 from ._validation import as_keys, check_option, check_positive, check_sigma, largest_violation
 from .kernels import rbf_kernel
 
@@ -45,8 +45,16 @@ POLISH_ACCEPT_TOL = 1e-9
 #: A bordered system with a larger condition number has (near) duplicate margin members.
 DEPENDENCE_COND = 1e10
 #: A polished margin coefficient within this fraction of C of a bound joins that bound's set
-#: (the exact solver's BOUND_SNAP, docs/exact_solver.md), so both report the same partition.
-CANONICAL_BOUND_TOL = 1e-12
+#: (the exact solver's BOUND_SNAP, docs/exact_solver.md), so both report the same partition;
+#: so does one within the rounding bound of sum(a) (:func:`_sum_rounding`, the solver's rule).
+CANONICAL_BOUND_TOL = BOUND_SNAP
+
+
+def _sum_rounding(alpha):
+    """SUM_ROUNDOFF * sum_i |s_i| over the partial sums s_i of alpha's nonzero entries in
+    index order: a bound on the rounding of fl(sum a) (svtoolkit._rules.SUM_ROUNDOFF)."""
+    nonzero = alpha[alpha != 0.0]
+    return SUM_ROUNDOFF * float(np.abs(np.cumsum(nonzero)).sum())
 
 
 @dataclass(frozen=True)
@@ -247,8 +255,10 @@ def _canonical(K, C, alpha, rho, sets):
     """Margin coefficients within rounding of a bound join that bound's set; with S then
     empty, rho is the midpoint of its optimal interval (the solver's convention)."""
     margin, error, reserve = sets
-    at_upper = alpha[margin] >= C * (1.0 - CANONICAL_BOUND_TOL)
-    at_lower = alpha[margin] <= C * CANONICAL_BOUND_TOL
+    sum_tol = _sum_rounding(alpha)
+    at_upper = (alpha[margin] >= C * (1.0 - CANONICAL_BOUND_TOL)) | (C - alpha[margin] <= sum_tol)
+    at_lower = ~at_upper & ((alpha[margin] <= C * CANONICAL_BOUND_TOL)
+                            | (alpha[margin] <= sum_tol))
     if not (at_upper.any() or at_lower.any()):
         return alpha, rho, sets
     alpha = alpha.copy()

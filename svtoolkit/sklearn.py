@@ -82,13 +82,21 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
     n_samples_seen_ : int
         Samples passed since the last :meth:`fit`, forgotten ones included (the id the next
         sample will get).
-    support_ : ndarray of shape (n_SV,), int64
-        Ids of the support vectors (coefficient > 0). Right after :meth:`fit` these are row
-        indices into the fit data, as in :class:`~sklearn.svm.OneClassSVM`.
+    support_ : ndarray of shape (n_SV,), int32
+        Indices of the support vectors (coefficient > 0), ascending, into the rows the
+        estimator holds now, in fit/partial_fit order: right after :meth:`fit` they index
+        the fit data, as :class:`~sklearn.svm.OneClassSVM`'s do. After :meth:`forget` they
+        index the remaining rows (the held rows with the forgotten ones left out), so that
+        they equal ``OneClassSVM.support_`` of a fit on those rows; the samples' ids are
+        ``sample_ids_[support_]``.
+    n_support_ : ndarray of shape (1,), int32
+        Number of support vectors, as :class:`~sklearn.svm.OneClassSVM` (one class).
     support_vectors_ : ndarray of shape (n_SV, n_features)
-        The support vectors.
+        The support vectors (the held rows ``support_``).
     dual_coef_ : ndarray of shape (1, n_SV)
-        libsvm-scaled coefficients ``a / C`` in [0, 1], summing to ``nu * n0``.
+        Coefficients of the support vectors in libsvm's scaling, ``a / C`` in [0, 1],
+        summing to ``nu * n0``: those of ``OneClassSVM(nu = 1 / (C n))`` on the ``n`` rows
+        held (the solver's own ``a = C * dual_coef_`` sum to 1).
     offset_ : float
         ``decision_function = score_samples - offset_``; equals ``(1 - rho) / (2 C)``. NaN
         during warm-up.
@@ -318,9 +326,10 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         solver = self.solver_
         C = solver.C
         alpha = solver.alpha
-        support = alpha > 0.0
+        support = np.flatnonzero(alpha > 0.0)  # positions among the held rows, ascending
         self.sample_ids_ = solver.ids
-        self.support_ = self.sample_ids_[support]
+        self.support_ = support.astype(np.int32)
+        self.n_support_ = np.array([support.size], dtype=np.int32)
         self.support_vectors_ = solver.keys[support]
         self.dual_coef_ = (alpha[support] / C)[None, :]
         # in warm-up rho belongs to the anchored problem: no offset exists yet

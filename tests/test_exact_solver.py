@@ -1053,7 +1053,7 @@ def test_audit_and_consistency_are_frozen_results():
     assert isinstance(found, Consistency) and isinstance(report, Audit)
     assert found.kkt_residual <= 1e-13
     assert dataclasses.asdict(report).keys() == {"grad_drift", "inverse_residual",
-                                                 "kkt_residual", "refactorized"}
+                                                 "kkt_residual", "refactorized", "rho_offset"}
     assert report.refactorized is False
     with pytest.raises(AttributeError, match="cannot assign"):
         found.kkt_residual = 0.0

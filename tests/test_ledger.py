@@ -91,6 +91,28 @@ def test_a_published_range_that_overlaps_the_interval_reproduces(tmp_path):
     assert any("outside the measured" in p for p in ledger.problems([entry], root))
 
 
+def test_a_rate_of_trials_gets_its_exact_binomial_interval(tmp_path):
+    root = _tree(tmp_path, [], {"secret": {"after": 0.0, "before": 25 / 30, "trials": 30}})
+    source = {"file": "examples/results/r.json", "pointer": "/secret/after",
+              "trials": "/secret/trials"}
+    measured, interval = ledger.resolve({"source": source}, root)
+    # 0 of 30: the Clopper-Pearson upper limit is 1 - 0.025**(1/30), in closed form.
+    assert measured == 0.0 and interval[0] == 0.0
+    assert interval[1] == pytest.approx(1 - 0.025 ** (1 / 30), rel=1e-12)
+    entry = _entry(published=0.07, source=source, measured=measured, interval=interval)
+    assert ledger.problems([entry], root) == []  # 0.07 lies inside [0, 0.116]
+    source["pointer"] = "/secret/before"
+    assert ledger.resolve({"source": source}, root)[1][0] < 0.8 < ledger.resolve(
+        {"source": source}, root)[1][1]
+
+
+def test_a_rate_that_is_not_a_count_of_its_trials_is_refused(tmp_path):
+    root = _tree(tmp_path, [], {"rate": 0.5, "trials": 7})
+    entry = _entry(source={"file": "examples/results/r.json", "pointer": "/rate",
+                           "trials": "/trials"}, measured=0.5, interval=None)
+    assert any("not a whole number of successes" in p for p in ledger.problems([entry], root))
+
+
 def test_a_readme_without_the_markers_is_refused(tmp_path):
     root = _tree(tmp_path, [_entry()], RESULT)
     (root / "README.md").write_text("no markers\n")

@@ -98,11 +98,44 @@ def test_forget_is_exact_unlearning():
     np.testing.assert_array_equal(est.sample_ids_, keep)
     np.testing.assert_allclose(est.decision_function(probes), fresh.decision_function(probes),
                                rtol=0, atol=TOL_EXACT)
-    np.testing.assert_allclose(_dense_dual(est, 80)[keep], _dense_dual(fresh, len(keep)),
+    np.testing.assert_allclose(_dense_dual(est, len(keep)), _dense_dual(fresh, len(keep)),
                                rtol=0, atol=TOL_EXACT)
     assert est.offset_ == pytest.approx(fresh.offset_, abs=TOL_EXACT)
-    np.testing.assert_array_equal(est.support_vectors_, X[est.support_])
+    np.testing.assert_array_equal(est.support_vectors_, X[keep][est.support_])
     assert est.solver_.kkt_residual() < 1e-12
+
+
+@pytest.mark.parametrize("nu, gamma", [(0.5, "scale"), (0.1, "auto"), (0.3, 0.7)])
+def test_support_attributes_follow_oneclass_svm(nu, gamma):
+    """support_, n_support_, support_vectors_ and dual_coef_ have OneClassSVM's shapes,
+    dtypes and order, and equal a real OneClassSVM fit's (coefficients to libsvm's float32
+    kernel cache, TOL_DUAL; the support set itself exactly)."""
+    X = np.random.default_rng(12).standard_normal((90, 3))
+    ref = OneClassSVM(nu=nu, gamma=gamma, tol=1e-10).fit(X)
+    est = IncrementalOneClassSVM(nu=nu, gamma=gamma).fit(X)
+    for name in ("support_", "n_support_", "support_vectors_", "dual_coef_"):
+        ours, theirs = getattr(est, name), getattr(ref, name)
+        assert (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype), name
+    np.testing.assert_array_equal(est.support_, ref.support_)
+    np.testing.assert_array_equal(est.n_support_, ref.n_support_)
+    np.testing.assert_array_equal(est.support_vectors_, ref.support_vectors_)
+    np.testing.assert_allclose(est.dual_coef_, ref.dual_coef_, rtol=0, atol=TOL_DUAL)
+
+
+def test_after_forget_support_indexes_the_remaining_rows():
+    """After forget, support_ indexes the held rows renumbered without the forgotten ones: it
+    equals support_ of OneClassSVM(nu = nu n0 / n) fit on those rows."""
+    X = np.random.default_rng(13).standard_normal((100, 2))
+    est = IncrementalOneClassSVM(nu=0.2, gamma=0.6).fit(X[:70]).partial_fit(X[70:])
+    gone = [int(est.support_[0]), 5, 71, int(est.support_[-1])]
+    est.forget(gone)
+    keep = np.setdiff1d(np.arange(100), gone)
+    ref = OneClassSVM(nu=0.2 * 70 / len(keep), gamma=0.6, tol=1e-10).fit(X[keep])
+    np.testing.assert_array_equal(est.support_, ref.support_)
+    np.testing.assert_array_equal(est.n_support_, [len(ref.support_)])
+    np.testing.assert_array_equal(est.support_vectors_, X[keep][est.support_])
+    np.testing.assert_array_equal(est.support_vectors_, X[est.sample_ids_[est.support_]])
+    np.testing.assert_allclose(est.dual_coef_, ref.dual_coef_, rtol=0, atol=TOL_DUAL)
 
 
 def _snapshot(est):

@@ -8,13 +8,13 @@ below).
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
 import json
 import math
 import os
 import socket
+import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,8 @@ from svtoolkit.corpora import (  # noqa: E402
 from svtoolkit.torch import ATTENTION_LAYERS, TinyLM  # noqa: E402
 
 SEED = 1234
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_tinylm.py"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_tinylm.py"
 # small windows / chunks / segments so that T = 20 crosses their boundaries
 TINY_OPTIONS = {
     "softmax": {},
@@ -229,35 +230,72 @@ def test_eval_batches_predict_every_byte_once_and_shard_over_ranks():
 
 
 # ------------------------------------------------------------------------------- script
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_tinylm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 TINY_ARGS = ["--corpus", "stdlib", "--max-bytes", "60000", "--d-model", "16", "--n-layers", "2",
              "--n-heads", "2", "--block", "24", "--batch-size", "4", "--eval-interval", "2",
-             "--eval-bytes", "500", "--final-eval-bytes", "600", "--threads", "1", "--quiet"]
+             "--eval-bytes", "500", "--final-eval-bytes", "600", "--threads", "1"]
 
 
-def test_training_script_writes_json_and_png(tmp_path):
-    script = _load_script()
-    args = script.parse_args([*TINY_ARGS, "--steps", "4", "--warmup-steps", "2",
-                              "--attn", "sv_hybrid", "--attn-options", '{"chunk": 8}',
-                              "--out-dir", str(tmp_path)])
-    result = script.run(args)
-    payload = json.loads((tmp_path / "tinylm_sv_hybrid.json").read_text())
-    assert (tmp_path / "tinylm_sv_hybrid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert payload["corpus"]["name"] == "stdlib" and payload["training"]["world_size"] == 1
+def _script_env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               NUMBA_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def _run_script(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env or _script_env(), timeout=timeout)
+
+
+def test_training_script_quick_writes_json_with_run_record_and_png(tmp_path):
+    out = _run_script("--quick", "--no-progress", "--warmup-steps", "2", "--attn",
+                      "sv_hybrid", "--attn-options", '{"chunk": 8}', "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    stem = tmp_path / "tinylm_sv_hybrid_quick"
+    payload = json.loads(stem.with_suffix(".json").read_text())
+    assert f"results: {stem}.json, {stem}.png" in out.stdout
+    assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert payload["scale"] == "quick" and payload["corpus"]["name"] == "stdlib"
+    assert payload["training"]["world_size"] == 1 and payload["training"]["steps"] == 4
     assert payload["training"]["betas"] == [0.9, 0.95] and payload["attn_options"] == {"chunk": 8}
     assert len(payload["history"]["train_bpb"]) == 4 and payload["evals"]["step"] == [2]
     assert 0 < payload["val_bpb"] < 9 and 0 < payload["test_bpb"] < 9
-    assert payload["val_bpb"] == result["val_bpb"]
+    record = payload["record"]
+    assert record["config"]["d_model"] == 16 and record["config"]["scale"] == "quick"
+    assert record["versions"]["torch"] and "git" in record
     # the schedule: linear warm-up, then cosine to lr / 10
     lrs = payload["history"]["lr"]
     assert lrs[0] < lrs[1] and lrs[-1] < lrs[1]
-    assert script.lr_at(10**6, args, 1) == pytest.approx(args.lr * args.min_lr_ratio)
+    assert sorted(tmp_path.iterdir()) == [stem.with_suffix(".json"), stem.with_suffix(".png")]
+
+
+def test_training_script_resumes_its_own_checkpoint(tmp_path):
+    """The default run checkpoints to a file of its own and removes it once the results are
+    written; rerunning the command while that file exists resumes from it (here: a checkpoint
+    of the same configuration at its last step, so the rerun trains nothing and reproduces
+    the uninterrupted run's losses, parameters and bits per byte)."""
+    argv = [*TINY_ARGS, "--steps", "4", "--warmup-steps", "2", "--checkpoint-interval", "2",
+            "--attn", "softmax", "--out", str(tmp_path)]
+    whole = _run_script(*argv)
+    assert whole.returncode == 0, whole.stderr
+    own = Path(next(line for line in whole.stdout.splitlines()
+                    if line.startswith("checkpoint: ")).split()[1])
+    assert own.parent == tmp_path and own.name.endswith(".partial.pt")
+    assert not own.exists()  # removed once the results were written
+    first = json.loads((tmp_path / "tinylm_softmax.json").read_text())
+    assert first["training"]["resumed_from_step"] is None
+    # the same configuration's checkpoint at its last step, where the script looks for its own
+    saved = _run_script(*argv, "--no-write", "--checkpoint", str(own))
+    assert saved.returncode == 0, saved.stderr
+    assert own.exists()
+    again = _run_script(*argv)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from {own}" in again.stdout
+    second = json.loads((tmp_path / "tinylm_softmax.json").read_text())
+    assert second["training"]["resumed_from_step"] == 4
+    for key in ("val_bpb", "test_bpb", "history", "evals", "parameters_sha256_16_by_rank"):
+        assert second[key] == first[key], key
+    assert not own.exists()
 
 
 def _free_port():
@@ -266,48 +304,41 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _ddp_worker(rank, world_size, port, out_dir, argv):
-    """One rank, started by torch.multiprocessing.spawn with the environment torchrun sets."""
-    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
-    script = _load_script()
-    result = script.run(script.parse_args(argv))
-    sampler = script.BatchSampler(np.arange(1000, dtype=np.uint8) % 251, batch_size=2,
-                                  block=8, seed=0, rank=rank)
-    torch.save({"params": {k: v.detach().clone() for k, v in result["module"].state_dict().items()},
-                "first_batch": sampler.sample()[0], "val_bpb": result["val_bpb"],
-                "world_size": result["training"]["world_size"]},
-               Path(out_dir) / f"rank{rank}.pt")
-
-
 def test_ddp_two_cpu_processes_keep_identical_parameters(tmp_path):
-    """Two gloo ranks, two steps of the sv_hybrid TinyLM: the parameters are identical on both
-    ranks afterwards, and differ from the initial ones; each rank drew different batches."""
-    import torch.multiprocessing as mp
-
+    """Two gloo ranks (the environment torchrun sets), two steps of the sv_hybrid TinyLM: the
+    parameters are identical on both ranks afterwards, and every one moved from its
+    initial value."""
+    port = _free_port()
     argv = [*TINY_ARGS, "--steps", "2", "--attn", "sv_hybrid", "--attn-options",
-            '{"chunk": 8}', "--no-write", "--seed", str(SEED)]
-    ranks = mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path), argv), nprocs=2,
-                     join=False)
-    deadline = time.monotonic() + DDP_TIMEOUT_S
-    while not ranks.join(timeout=1):  # re-raises a rank's exception
-        if time.monotonic() > deadline:
-            for process in ranks.processes:
-                process.terminate()
-            pytest.fail(f"the DDP ranks did not finish within {DDP_TIMEOUT_S} s")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
-    assert ranks[0]["world_size"] == ranks[1]["world_size"] == 2
+            '{"chunk": 8}', "--seed", str(SEED), "--out", str(tmp_path), "--no-progress"]
+    ranks = []
+    for rank in (0, 1):
+        env = _script_env(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if sys.platform.startswith("linux"):
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+        ranks.append(subprocess.Popen([sys.executable, str(SCRIPT), *argv], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        outputs = [r.communicate(timeout=DDP_TIMEOUT_S) for r in ranks]
+    except subprocess.TimeoutExpired:
+        for r in ranks:
+            r.kill()
+        pytest.fail(f"the DDP ranks did not finish within {DDP_TIMEOUT_S} s")
+    for r, (_, err) in zip(ranks, outputs, strict=True):
+        assert r.returncode == 0, err
+    payload = json.loads((tmp_path / "tinylm_sv_hybrid.json").read_text())
+    assert payload["training"]["world_size"] == 2
+    assert payload["training"]["tokens"] == 2 * 4 * 24 * 2
+    rank0, rank1 = payload["parameters_sha256_16_by_rank"]
+    assert rank0 == rank1
     torch.manual_seed(SEED)
-    initial = TinyLM(256, 16, 2, 2, 24, attn="sv_hybrid", attn_options={"chunk": 8}).state_dict()
-    changed = 0
-    for name, value in ranks[0]["params"].items():
-        assert torch.equal(value, ranks[1]["params"][name]), name
-        changed += not torch.equal(value, initial[name])
-    assert changed == len(initial)
-    assert not np.array_equal(ranks[0]["first_batch"], ranks[1]["first_batch"])
-    assert ranks[0]["val_bpb"] == ranks[1]["val_bpb"]  # all-reduced evaluation
+    initial = TinyLM(256, 16, 2, 2, 24, attn="sv_hybrid", attn_options={"chunk": 8})
+    before = {name: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+              for name, t in initial.state_dict().items()}
+    assert set(before) == set(rank0)
+    assert all(before[name] != rank0[name] for name in before)
 
 
 # ------------------------------------------------------------------------------- learned keys

@@ -11,6 +11,7 @@ keeps every token the gated readout reads, so it changes no gated answer.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,13 +23,21 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "trained_recall_memory.py"
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+           NUMBA_NUM_THREADS="1")
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("trained_recall_memory")
-    subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)], check=True,
-                   cwd=ROOT, capture_output=True, timeout=300)
+    result = _run("--quick", "--no-progress", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"results: {out / 'trained_recall_memory_quick.json'}" in result.stdout
     return out
 
 
@@ -38,7 +47,10 @@ def test_quick_run_writes_json_markdown_and_figure(quick):
         assert stem.with_suffix(suffix).stat().st_size > 0
     payload = json.loads(stem.with_suffix(".json").read_text())
     assert payload["scale"] == "quick" and payload["seeds"] == [0]
-    assert payload["environment"]["versions"]["torch"]
+    record = payload["record"]
+    assert record["versions"]["torch"] and record["config"]["scale"] == "quick"
+    assert record["config"]["protocol"] == {"steps": 60, "scenes": 8, "trials": 8}
+    assert payload["seeds_done"] == 1
     assert payload["model"]["C"] == 0.2 and payload["protocol"]["steps"] == 60
     rows = {r["row"]: r for r in payload["rows"]}
     for policy in ("certified", "h2o_prob", "h2o_mass", "recency", "random"):
@@ -65,9 +77,22 @@ def test_certified_eviction_changes_no_gated_answer(quick):
     assert evict["budget"] < evict["n"]
 
 
+def test_rerun_skips_finished_seeds(quick):
+    """Each seed is a cell appended to the cells file when it finishes; the same command run
+    again reads it back instead of training again, and writes the same rows."""
+    stem = quick / "trained_recall_memory_quick"
+    before = json.loads(stem.with_suffix(".json").read_text())
+    cells = stem.with_suffix(".cells.jsonl").read_text().splitlines()
+    assert len(cells) == 1 and json.loads(cells[0])["cell"]["seed"] == 0
+    again = _run("--quick", "--no-progress", "--out", str(quick))
+    assert again.returncode == 0, again.stderr
+    after = json.loads(stem.with_suffix(".json").read_text())
+    assert stem.with_suffix(".cells.jsonl").read_text().splitlines() == cells
+    assert after["per_seed"] == before["per_seed"] and after["rows"] == before["rows"]
+
+
 def test_rejects_two_scales():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--paper"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = _run("--quick", "--paper")
     assert result.returncode == 2 and "not allowed with argument" in result.stderr
 
 

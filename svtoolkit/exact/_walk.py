@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import njit
-from .._rules import FEASIBILITY_TOL
+from .._rules import BOUND_SNAP, FEASIBILITY_TOL, SUM_ROUNDOFF
 from ..kernels import rbf_row_minus_one
 
 # --- status codes ------------------------------------------------------------------------------
@@ -81,8 +81,9 @@ SENS_TOL = 1e-12
 #: (kappa_i: the point's Schur complement against S; see :func:`worst_violator`).
 REPAIR_MIN_TOL = 1e-13
 REPAIR_FACTOR = 4.0
-#: At rest, a margin coefficient within BOUND_SNAP * C of a bound is moved to that bound.
-BOUND_SNAP = 1e-12
+#: BOUND_SNAP and SUM_ROUNDOFF (svtoolkit._rules): at rest, a margin coefficient within
+#: BOUND_SNAP * C of a bound, or within the rounding bound of sum(a) (:func:`sum_rounding`),
+#: is moved to that bound.
 #: Equality residuals at or below this are rounding; :func:`correct` leaves them.
 CORRECT_SKIP = 1e-16
 #: At rest |sum(a) - 1| must be below this, else the operation fails (and is rebuilt).
@@ -740,6 +741,13 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
                    blocked, fs, ist, max_events)
     if code != DONE:
         return code
+    # the correction can leave the rounding of sum(a) on a margin key that a bound event of
+    # the correction made the last one: snap it too (then correct what the snap moved)
+    if snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist) > 0:
+        code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
+                       blocked, fs, ist, max_events)
+        if code != DONE:
+            return code
     if ist[_M] == 0 and ist[_N] > 0:
         recenter_rho(alpha, grad, status, fs, ist[_N])
     if not _consistent(alpha, status, fs, ist):
@@ -929,18 +937,54 @@ def inverse_probe_residual(R, m, S, KSt, w, z):
 
 
 @njit
+def sum_rounding(alpha, n):
+    """Bound on the rounding error of ``sum(a)`` summed in slot order (the order of
+    :func:`correct`): ``SUM_ROUNDOFF * sum_i |s_i|`` over the computed partial sums s_i (each
+    addition errs by at most u |s_i| and the errors add; zero terms add none and are skipped).
+
+    :func:`correct` moves ``1 - fl(sum a)`` onto the margin set, so a margin coefficient within
+    this of a bound may be nothing but that rounding (svtoolkit._rules, SUM_ROUNDOFF)."""
+    total = 0.0
+    partial = 0.0
+    for i in range(n):
+        if alpha[i] != 0.0:
+            total += alpha[i]
+            partial += abs(total)
+    return SUM_ROUNDOFF * partial
+
+
+@njit
+def at_upper_bound(a, C, sum_tol):
+    """A margin coefficient that is C up to a residue: within BOUND_SNAP * C of it (its own
+    updates' rounding) or within ``sum_tol`` (:func:`sum_rounding`)."""
+    return a >= C * (1.0 - BOUND_SNAP) or C - a <= sum_tol
+
+
+@njit
+def at_lower_bound(a, C, sum_tol):
+    """A margin coefficient that is 0 up to a residue (as :func:`at_upper_bound`)."""
+    return a <= C * BOUND_SNAP or a <= sum_tol
+
+
+@njit
 def snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist):
-    """At rest, a margin coefficient within rounding of a bound joins that bound's set."""
+    """At rest, a margin coefficient within a residue of a bound (:func:`at_upper_bound`,
+    :func:`at_lower_bound`) joins that bound's set; returns the number snapped."""
     C = fs[1]
+    sum_tol = sum_rounding(alpha, ist[_N])
+    snapped = 0
     p = 0
     while p < ist[_M]:
         j = S[p]
-        if j != ist[_ANCHOR] and alpha[j] >= C * (1.0 - BOUND_SNAP):
+        if j != ist[_ANCHOR] and at_upper_bound(alpha[j], C, sum_tol):
             _leave(j, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
-        elif alpha[j] <= C * BOUND_SNAP:
+            snapped += 1
+        elif at_lower_bound(alpha[j], C, sum_tol):
             _leave(j, RESERVE, alpha, grad, status, spos, S, KSt, R, fs, ist)
+            snapped += 1
         else:
             p += 1
+    return snapped
 
 
 @njit

@@ -56,6 +56,8 @@ BULK_PARTITION_SNAP = 1e-9
 #: batch is replayed by the walk, so the bulk path never returns a worse state.
 BULK_KKT_TOL = 1e-12
 #: Audit thresholds: maintained gradients vs a fresh evaluation, and ||R M - I||_max.
+#: AUDIT_GRAD_TOL also bounds rho's offset from a fresh solve's choice (units of f as well:
+#: it moves every f by that much).
 AUDIT_GRAD_TOL = 1e-10
 AUDIT_INVERSE_TOL = 1e-8
 
@@ -83,12 +85,20 @@ class Consistency:
     margin_rows_drift : float
         max |K_S maintained - K_S fresh| over the margin set's kernel rows (0.0 when not
         recomputed).
+    rho_offset : float
+        |rho - the rho a fresh solve reports| when no margin coefficient is free (every one
+        within a rounding residue of a bound, or none at all; rho is then optimal anywhere in
+        an interval and a fresh solve reports its midpoint), from fresh gradients; 0.0 while
+        a free margin key fixes rho. Every f is off a fresh solve's by this much. Nonzero
+        after :meth:`IncrementalSVDD.evict_reserve` with an empty margin set (rho is kept
+        there) or in a state whose rho a residue pinned (also a KKT term then).
     """
 
     kkt_residual: float
     grad_drift: float
     inverse_residual: float
     margin_rows_drift: float
+    rho_offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,12 +113,15 @@ class Audit:
         After any repair.
     refactorized : bool
         Whether the drift exceeded the audit thresholds and the state was refactorised.
+    rho_offset : float
+        As in :class:`Consistency`, before any repair (above AUDIT_GRAD_TOL it is repaired).
     """
 
     grad_drift: float
     inverse_residual: float
     kkt_residual: float
     refactorized: bool
+    rho_offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1218,7 +1231,40 @@ class IncrementalSVDD:
             (W.RESERVE, np.maximum(-g, 0.0)),
         ):
             terms.append(float(np.max(violation[st == status], initial=0.0)))
+        pinned, offset = self._rho_offset(g)
+        if pinned:  # a margin set of residues only fixes nothing: rho must be a fresh solve's
+            terms.append(offset)
         return largest_violation(terms)
+
+    def _rho_offset(self, g):
+        """``(pinned, |rho - the rho a fresh solve reports|)`` for gradients g (n,).
+
+        The margin coefficients are read as a fresh solve's rest state reads them (within a
+        rounding residue of a bound they are at it: ``_walk.at_upper_bound`` /
+        ``at_lower_bound``). While one is free, rho is fixed by f = 0 on it and the offset is
+        0. Otherwise rho is optimal anywhere in [max_R (rho - g_i), min_E (rho - g_i)] (the
+        residues in the set of their bound) and a fresh solve reports its midpoint, or its
+        finite end (``_walk.recenter_rho``). ``pinned``: the state holds margin keys, all of
+        them residues - rho then sits where the residue fixed it, not where it belongs.
+        During warm-up there is nothing to compare: ``(False, 0.0)``.
+        """
+        n = self._n
+        if n == 0 or self._anchor >= 0:
+            return False, 0.0
+        a, st, C = self._alpha[:n], self._status[:n], self._C
+        sum_tol = W.sum_rounding(self._alpha, n)
+        margin = st == W.MARGIN
+        upper = margin & ((a >= C * (1.0 - W.BOUND_SNAP)) | (C - a <= sum_tol))
+        lower = margin & ~upper & ((a <= C * W.BOUND_SNAP) | (a <= sum_tol))
+        if (margin & ~upper & ~lower).any():
+            return False, 0.0
+        h = self._fs[0] - g
+        lo = float(np.max(h[(st == W.RESERVE) | lower], initial=-np.inf))
+        hi = float(np.min(h[(st == W.ERROR) | upper], initial=np.inf))
+        if lo == -np.inf and hi == np.inf:
+            return bool(margin.any()), 0.0
+        choice = hi if lo == -np.inf else lo if hi == np.inf else 0.5 * (lo + hi)
+        return bool(margin.any()), largest_violation([abs(self._fs[0] - choice)])
 
     def consistency(self, *, margin_rows=True):
         """Compare the maintained state with a fresh evaluation from the keys; change nothing.
@@ -1241,7 +1287,7 @@ class IncrementalSVDD:
         """
         n, m = self._n, self._m
         if n == 0:
-            return Consistency(0.0, 0.0, 0.0, 0.0)
+            return Consistency(0.0, 0.0, 0.0, 0.0, 0.0)
         fresh = self._fresh_gradients()
         drift = largest_violation(np.abs(self._grad[:n] - fresh))
         inv_res = rows_drift = 0.0
@@ -1254,7 +1300,8 @@ class IncrementalSVDD:
                 rows_drift = max(rows_drift,
                                  largest_violation(np.abs(self._KSt[p, :n] - column)))
         return Consistency(kkt_residual=self._kkt_from(fresh), grad_drift=drift,
-                           inverse_residual=inv_res, margin_rows_drift=rows_drift)
+                           inverse_residual=inv_res, margin_rows_drift=rows_drift,
+                           rho_offset=self._rho_offset(fresh)[1])
 
     def _bordered(self):
         m = self._m
@@ -1268,23 +1315,29 @@ class IncrementalSVDD:
     def audit(self):
         """Check the maintained state against a fresh evaluation; refactorise on drift.
 
+        Also repaired: a rho away from the one a fresh solve reports while no margin key is
+        free (``rho_offset`` above AUDIT_GRAD_TOL: every f is off by it; after
+        :meth:`evict_reserve` with an empty margin set this re-centres rho, as the next
+        operation would).
+
         Returns
         -------
         Audit
-            ``grad_drift``, ``inverse_residual``, ``kkt_residual`` (after any repair) and
-            ``refactorized`` (a frozen dataclass).
+            ``grad_drift``, ``inverse_residual``, ``kkt_residual`` (after any repair),
+            ``refactorized`` and ``rho_offset`` (a frozen dataclass).
         """
         self._ops_since_audit = 0
         if self._n == 0:
-            return Audit(0.0, 0.0, 0.0, False)
+            return Audit(0.0, 0.0, 0.0, False, 0.0)
         found = self.consistency(margin_rows=False)
         drift, inv_res = found.grad_drift, found.inverse_residual
-        repaired = drift > AUDIT_GRAD_TOL or inv_res > AUDIT_INVERSE_TOL
+        repaired = (drift > AUDIT_GRAD_TOL or inv_res > AUDIT_INVERSE_TOL
+                    or not found.rho_offset <= AUDIT_GRAD_TOL)
         if repaired:
             self._refactorize()
         return Audit(grad_drift=drift, inverse_residual=inv_res,
                      kkt_residual=self.kkt_residual() if repaired else found.kkt_residual,
-                     refactorized=repaired)
+                     refactorized=repaired, rho_offset=found.rho_offset)
 
     def _polish(self):
         """Refresh the state of the current partition from scratch.

@@ -4,7 +4,8 @@
 (arXiv:2607.12204) and Tensor Cache: where it is in the paper, the claim in one line, the
 metric, the published value, the script that measures it, and where the measured number lives
 (``source``: a committed result JSON and an RFC 6901 pointer into it, optionally ``lo`` and
-``hi`` pointers to its interval), the verdict and one line of evidence. The measured values
+``hi`` pointers to its interval, or a ``trials`` pointer when the measured value is a rate
+``k / trials``: its interval is then the exact binomial (Clopper-Pearson) 95 % interval), the verdict and one line of evidence. The measured values
 are *read* from the result files, never typed in: :func:`refresh` copies them into the
 ledger, :func:`problems` reports every entry that is stale or inconsistent, and
 :func:`markdown` / :func:`readme_section` render ``docs/reproduction.md`` and the README's
@@ -28,6 +29,8 @@ import argparse
 import json
 import math
 from pathlib import Path
+
+from ..stats import clopper_pearson
 
 __all__ = ["VERDICTS", "load", "markdown", "problems", "readme_section", "refresh", "resolve"]
 
@@ -73,7 +76,26 @@ def resolve(entry, root):
     interval = None
     if "lo" in source and "hi" in source:
         interval = [_pointer(document, source["lo"]), _pointer(document, source["hi"])]
+    elif "trials" in source:
+        interval = _binomial_interval(measured, _pointer(document, source["trials"]))
     return measured, interval
+
+
+def _binomial_interval(rate, trials):
+    """The Clopper-Pearson 95 % interval of a rate ``k / trials`` read from a result file.
+
+    Raises
+    ------
+    ValueError
+        ``rate * trials`` is not a whole number of successes (the pointer is not a rate of
+        those trials).
+    """
+    successes = round(rate * trials)
+    if abs(successes - rate * trials) > 1e-9 * max(trials, 1):
+        raise ValueError(f"the rate {rate!r} is not a whole number of successes out of "
+                         f"{trials!r} trials")
+    low, high = clopper_pearson(successes, trials)
+    return [low, high]
 
 
 def _decimals(text):

@@ -14,8 +14,11 @@ operation; smaller ones take a slice of ``MIN_KEYS`` keys every ``stride`` opera
 spread over the operations instead of paid by each. Either way a key held for
 ``AUDIT_PERIOD`` operations has had its maintained gradient compared with a fresh one at least
 once in them (solver ids never move; a memory that grows meanwhile stretches the cycle by the
-keys it added). A slice whose drift exceeds the solver's own audit thresholds triggers the full
-audit, which refactorises (the repair a periodic audit would make).
+keys it added). Every slice also compares rho with the rho a fresh solve would report, which
+differs from the maintained one only while no margin key is free (rho is then optimal anywhere
+in an interval, and a fresh solve reports its midpoint; O(n) from the maintained gradients that
+the slices check). A slice whose drift or rho offset exceeds the solver's own audit thresholds
+triggers the full audit, which refactorises (the repair a periodic audit would make).
 """
 
 from __future__ import annotations
@@ -93,7 +96,8 @@ class RollingAudit:
         -------
         dict or None
             None when no slice was due; else ``gradients_checked``, ``grad_drift``,
-            ``inverse_columns_checked``, ``inverse_residual``, ``repaired`` (see
+            ``inverse_columns_checked``, ``inverse_residual``, ``rho_offset`` (|rho - the rho
+            a fresh solve reports|, 0.0 while a free margin key fixes rho), ``repaired`` (see
             :class:`DeletionReceipt`).
         """
         if self.wait > 0:
@@ -107,12 +111,26 @@ class RollingAudit:
         self.wait = stride - 1
         keys, drift = self._gradients(solver, n_keys)
         columns, inverse = self._inverse(solver, n_columns)
-        repaired = repair and not (drift <= AUDIT_GRAD_TOL and inverse <= AUDIT_INVERSE_TOL)
+        rho = self._rho(solver)
+        repaired = repair and not (drift <= AUDIT_GRAD_TOL and inverse <= AUDIT_INVERSE_TOL
+                                   and rho <= AUDIT_GRAD_TOL)
         if repaired:
             solver.audit()  # refactorises: the repair the solver's periodic audit makes
         return {"gradients_checked": keys, "grad_drift": drift,
                 "inverse_columns_checked": columns, "inverse_residual": inverse,
-                "repaired": repaired}
+                "rho_offset": rho, "repaired": repaired}
+
+    @staticmethod
+    def _rho(solver):
+        """|rho - the rho a fresh solve would report| from the maintained gradients (O(n)).
+
+        Nonzero only while no margin coefficient is free (each within a rounding residue of
+        a bound, or none): a fresh solve then reports the midpoint of rho's optimal interval,
+        and a rho anywhere else - pinned by a residue, say - moves every f by the offset
+        although the KKT conditions of the maintained partition hold.
+        """
+        n = solver._n
+        return solver._rho_offset(solver._grad[:n])[1] if n else 0.0
 
     def _gradients(self, solver, k):
         """Fresh gradients of the next k keys in id order against the maintained ones."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._errors import MemoryAuthenticationError, MemoryFileError
+from ._receipts import CHAIN_HEAD_FIELDS
 from ._signing import MAC_BYTES, file_mac, macs_equal
 
 __all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "MAGIC", "KKT_TOL", "FileContents",
@@ -73,6 +74,10 @@ class FileContents:
         Where the memory's rolling audit resumes (next solver id, next bordered-system
         column, operations before its next slice); ``(0, 0)`` for files written before it
         existed.
+    receipt_chain : dict or None
+        The head of the store's receipt log (``store``, ``legacy``, ``count``, ``head``,
+        ``last``: see ``docs/memory_server.md``); None before a server logged a receipt
+        with it.
     """
 
     version: int
@@ -86,6 +91,7 @@ class FileContents:
     digest: str
     solver_state: dict
     audit_cursor: tuple = (0, 0)
+    receipt_chain: dict | None = None
 
 
 def is_signed_file(path):
@@ -107,7 +113,7 @@ def is_signed_file(path):
 
 # ---------------------------------------------------------------------------- writing
 def serialize(solver_state, *, config, metadata_text, records, tombstones, next_auto,
-              revision, digest, audit_cursor=(0, 0), key=None):
+              revision, digest, audit_cursor=(0, 0), receipt_chain=None, key=None):
     """The bytes of a memory file, without the trailing checksum, as a list of chunks.
 
     Parameters
@@ -123,6 +129,8 @@ def serialize(solver_state, *, config, metadata_text, records, tombstones, next_
     audit_cursor : sequence of two or three int, default (0, 0)
         The rolling audit's cursor (next solver id, next bordered-system column, operations
         before its next slice).
+    receipt_chain : dict, optional
+        The head of the store's receipt log; written only when given.
     key : bytes, optional
         Signing key: the last chunk is then the HMAC-SHA256 of all the others.
 
@@ -157,6 +165,8 @@ def serialize(solver_state, *, config, metadata_text, records, tombstones, next_
         "solver_scalars": scalars,
         "arrays": arrays,
     }
+    if receipt_chain is not None:
+        header["receipt_chain"] = receipt_chain
     text = json.dumps(header, ensure_ascii=False, allow_nan=False,
                       separators=(",", ":")).encode("utf-8")
     flags = 0 if key is None else _SIGNED
@@ -245,6 +255,7 @@ def parse_file(data, key=None):
         digest=header["digest"],
         solver_state=state,
         audit_cursor=_parse_cursor(header),
+        receipt_chain=_parse_chain(header),
     )
 
 
@@ -257,6 +268,31 @@ def _parse_cursor(header):
         raise MemoryFileError("audit_cursor must be [next id, next column] or [next id, next "
                               f"column, operations to wait], integers >= 0; got {cursor!r}")
     return tuple(cursor)
+
+
+def _is_hex(value, digits):
+    return isinstance(value, str) and len(value) == digits and all(
+        c in "0123456789abcdef" for c in value)
+
+
+def _parse_chain(header):
+    """The head of the store's receipt log, or None (absent: no receipt logged with a chain,
+    or a file written before the chain existed)."""
+    chain = header.get("receipt_chain")
+    if chain is None:
+        return None
+    counts_ok = isinstance(chain, dict) and all(
+        not isinstance(chain.get(n), bool) and isinstance(chain.get(n), int)
+        for n in ("legacy", "count"))
+    if not counts_ok or sorted(chain) != sorted(CHAIN_HEAD_FIELDS) or chain["legacy"] < 0 \
+            or chain["count"] < 1 or not _is_hex(chain["store"], 32) or \
+            not _is_hex(chain["head"], 64) or not isinstance(chain["last"], str) or \
+            not chain["last"].isascii():
+        raise MemoryFileError(
+            "receipt_chain must be {store: 32 hex digits, legacy: integer >= 0, count: "
+            "integer >= 1, head: 64 hex digits, last: ASCII text}; got "
+            f"{str(chain)[:200]}")
+    return dict(chain)
 
 
 def _parse_header(raw, version):

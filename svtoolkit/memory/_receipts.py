@@ -3,13 +3,19 @@ query answers."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import secrets
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
+from ._errors import MemoryFileError
 from ._signing import check_key, macs_equal, receipt_mac
 
-__all__ = ["DeletionReceipt", "AuditReport", "AddResult", "ExtendResult", "Hit", "verify_receipt"]
+__all__ = ["DeletionReceipt", "AuditReport", "AddResult", "ExtendResult", "Hit", "verify_receipt",
+           "CHAIN_HEAD_FIELDS", "advance", "chain_genesis", "chain_line", "check_chain",
+           "entry_hash", "next_link"]
 
 #: Receipt fields added with the verification levels; a receipt without them (an older one)
 #: was signed without them, so they enter the MAC only when they hold a value.
@@ -235,3 +241,157 @@ class Hit(NamedTuple):
     value: Any
     weight: float
     score: float
+
+
+# ---------------------------------------------------------------------------- the log's chain
+#: Domain tag of a receipt log's genesis value.
+_CHAIN_TAG = b"svtoolkit.ReceiptLog/v1\x00"
+#: Keys of a store's chain head (``receipt_chain`` in the file header).
+CHAIN_HEAD_FIELDS = ("store", "legacy", "count", "head", "last")
+
+
+def entry_hash(line):
+    """sha256 (hex) of one log line's bytes (without its newline)."""
+    return hashlib.sha256(line).hexdigest()
+
+
+def chain_genesis(store, legacy_lines):
+    """The predecessor of a log's first chained entry: bound to the store and to the lines
+    the log held before its chain started.
+
+    Parameters
+    ----------
+    store : str
+        The store's chain identity (32 hex digits, drawn when its chain starts).
+    legacy_lines : list of bytes
+        The log's unchained lines written before the chain (receipts of earlier versions),
+        without their newlines; usually none.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+    """
+    legacy = hashlib.sha256(b"".join(line + b"\n" for line in legacy_lines)).digest()
+    return hashlib.sha256(_CHAIN_TAG + store.encode("ascii") + b"\x00" + legacy).hexdigest()
+
+
+def chain_line(entry):
+    """The log line (bytes, no newline) of a receipt's dict form with its ``prev``."""
+    return json.dumps(entry, sort_keys=True, ensure_ascii=True).encode("ascii")
+
+
+def next_link(head, lines):
+    """``(prev, start)`` for appending one receipt to a log.
+
+    Parameters
+    ----------
+    head : dict or None
+        The store's chain head (:data:`CHAIN_HEAD_FIELDS`); None when its chain has not
+        started (a fresh store, or one written before the chain).
+    lines : list of bytes
+        The log's lines now (only read when the chain starts: they become its legacy part).
+
+    Returns
+    -------
+    prev : str
+        What the new entry carries as ``prev``.
+    start : dict
+        The head before the new entry (a new chain's when ``head`` is None: a fresh chain
+        identity, the lines now as its legacy part, no entry yet), for :func:`advance`.
+    """
+    if head is not None:
+        return head["head"], head
+    store = secrets.token_hex(16)
+    start = {"store": store, "legacy": len(lines), "count": 0,
+             "head": chain_genesis(store, lines), "last": None}
+    return start["head"], start
+
+
+def advance(start, line):
+    """The head after appending ``line`` (bytes) to a log whose head was ``start``."""
+    return {**start, "count": start["count"] + 1, "head": entry_hash(line),
+            "last": line.decode("ascii")}
+
+
+def check_chain(name, lines, entries, head):
+    """Check a receipt log against its store's chain head.
+
+    Parameters
+    ----------
+    name : str
+        The log's path (for messages).
+    lines : list of bytes or None
+        The log's complete lines (no newlines) in file order; None when the log does not
+        exist.
+    entries : list of dict
+        The same lines parsed (JSON objects).
+    head : dict or None
+        The store's chain head; None for a store whose chain has not started.
+
+    Returns
+    -------
+    bytes or None
+        The line to append to make the log whole: the store's last entry, when the log lacks
+        exactly that one (a crash between the store's save and the log's fsync); else None.
+
+    Raises
+    ------
+    MemoryFileError
+        The log and the head disagree: the message names the first line that does not fit
+        and what was expected there.
+    """
+    present = lines or []
+    if head is None:
+        chained = [n for n, entry in enumerate(entries, 1) if "prev" in entry]
+        if chained:
+            raise MemoryFileError(
+                f"{name}: line {chained[0]} is a chained entry (it carries prev), but the store "
+                "holds no chain head: the store was replaced by a copy from before its log's "
+                "chain started, or its head was removed")
+        return None
+    legacy, count = head["legacy"], head["count"]
+    where = (f"the store's chain head says the log holds {legacy + count} line(s) ("
+             f"{f'{legacy} written before the chain, then ' if legacy else ''}{count} chained; "
+             f"the last one's hash {head['head'][:16]}...)")
+    if lines is None and legacy + count > 1:
+        raise MemoryFileError(f"{name} is missing, but {where}: the log was removed")
+    if len(present) < legacy:
+        raise MemoryFileError(f"{name} holds {len(present)} line(s), but {where}: the log "
+                              "was cut short or lines were deleted")
+    early = [n for n, entry in enumerate(entries[:legacy], 1) if "prev" in entry]
+    if early:
+        raise MemoryFileError(
+            f"{name}: line {early[0]} is a chained entry (it carries prev), but {where}: a "
+            "line before it was deleted")
+    expected = chain_genesis(head["store"], present[:legacy])
+    for number, line in enumerate(present[legacy:], legacy + 1):
+        prev = entries[number - 1].get("prev")
+        if prev != expected:
+            what = (f"the hash of line {number - 1}): a line before it was deleted, swapped, "
+                    "duplicated or edited" if number > legacy + 1 else
+                    "the chain's genesis (bound to this store and to the lines before the "
+                    "chain)): a line before it was deleted, swapped or edited, or the log "
+                    "belongs to another store")
+            raise MemoryFileError(f"{name}: line {number} carries prev {str(prev)[:16]}..., "
+                                  f"expected {expected[:16]}... ({what}")
+        expected = entry_hash(line)
+        if number == legacy + count and expected != head["head"]:
+            raise MemoryFileError(
+                f"{name}: line {number} is the store's last logged receipt, but its hash "
+                f"{expected[:16]}... differs from the store's chain head {head['head'][:16]}"
+                "...: it was edited or replaced")
+    found = len(present) - legacy
+    if found > count:
+        raise MemoryFileError(
+            f"{name} holds {found} chained line(s) after line {legacy}, but {where}: line "
+            f"{legacy + count + 1} is not in the store's history (the store is an older copy, "
+            "or the lines were added)")
+    if found == count:
+        return None
+    last = head["last"].encode("ascii")
+    if found == count - 1 and json.loads(last).get("prev") == expected and \
+            entry_hash(last) == head["head"]:
+        return last
+    raise MemoryFileError(f"{name} ends after {len(present)} line(s), but {where}: the log "
+                          "was cut short")

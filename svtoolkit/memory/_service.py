@@ -22,10 +22,16 @@ Rules kept here:
   errors (and their messages) are the server's; only what the API does not have (the request
   shape, text keys, the value-size bound, paging) is checked here.
 * **Receipts.** Every receipt (forget, edit) is appended to ``REALPATH.receipts.jsonl`` (one
-  JSON object per line, fsync'd) after the store's save and before the answer; with a signing
-  key they carry its MAC, and at start-up every logged receipt is verified; signed or not, a
-  store older than the newest logged receipt (a lower revision, or the same revision with
-  another digest) is refused: it was rolled back or replayed.
+  JSON object per line, fsync'd) after the store's save and before the answer. The log is a
+  hash chain: each line carries ``prev``, the sha256 of the line before (the first: a genesis
+  bound to the store), and the store holds the head (count, last hash and the last line
+  itself), saved with the operation before its line is appended. At start-up the log is
+  checked against the head (:func:`~svtoolkit.memory._receipts.check_chain`): a log cut short,
+  a line deleted, swapped, duplicated or edited, a removed log is refused, nothing changed on
+  disk; a log lacking only the store's last line (a crash between the two writes) gets it
+  back. With a signing key every logged receipt's MAC is verified; signed or not, a store
+  older than the newest logged receipt (a lower revision, or the same revision with another
+  digest) is refused: it was rolled back or replayed.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import warnings
 
 from . import _atomic, _format
 from ._errors import MemoryFileError, ReceiptError, StaleStateError
-from ._receipts import verify_receipt
+from ._receipts import advance, chain_line, check_chain, next_link, verify_receipt
 from ._store import ForgettableMemory
 
 __all__ = ["MemoryService", "ServiceUnavailable", "StoreChangedError", "TooLarge",
@@ -150,26 +156,26 @@ def _hit(hit):
 
 
 class _ReceiptLog:
-    """Append-only JSON-lines file of receipts (each line fsync'd before it counts)."""
+    """The store's append-only JSON-lines receipt log, chained (``docs/memory_server.md``).
+
+    Read whole at start: :attr:`lines` (bytes, no newlines; None when the file does not
+    exist) and :attr:`entries` (the same, parsed). Nothing on disk changes until
+    :meth:`repair`, called once the log was checked against the store.
+    """
 
     def __init__(self, path):
         self.path = path
-        self.entries = self._read()
+        self.lines, self.entries, self._size = self._read()
 
     def _read(self):
         try:
             data = _atomic.read_file(self.path)
         except FileNotFoundError:
-            return []
+            return None, [], 0
         complete = data[: data.rfind(b"\n") + 1]
-        if len(complete) != len(data):
-            # a torn last line: a crash between the store's save and this line's fsync; the
-            # operation is committed (the store says so), its receipt was not
-            with open(self.path, "r+b") as fh:
-                fh.truncate(len(complete))
-                os.fsync(fh.fileno())
+        lines = complete.split(b"\n")[:-1]
         entries = []
-        for number, line in enumerate(complete.splitlines(), 1):
+        for number, line in enumerate(lines, 1):
             try:
                 entry = json.loads(line)
             except (ValueError, RecursionError):
@@ -177,19 +183,41 @@ class _ReceiptLog:
             if not isinstance(entry, dict) or any(f not in entry for f in _RECEIPT_FIELDS):
                 raise MemoryFileError(f"{self.path}: line {number} is not a receipt")
             entries.append(entry)
-        return entries
+        return lines, entries, len(complete)
 
-    def append(self, entry):
-        line = (json.dumps(entry, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
-        created = not os.path.exists(self.path)
+    def repair(self, missing):
+        """Drop a torn last line (a crash during its write) and append ``missing`` (bytes or
+        None: the store's last receipt, which the log lacks after a crash before its fsync)."""
+        if self.lines is not None and os.path.getsize(self.path) != self._size:
+            with open(self.path, "r+b") as fh:
+                fh.truncate(self._size)
+                os.fsync(fh.fileno())
+        if missing is not None:
+            self.append(missing)
+
+    def catch_up(self, head):
+        """Append the store's last receipt when the log lacks it (its write failed)."""
+        if head is not None and len(self.lines or ()) < head["legacy"] + head["count"]:
+            self.append(head["last"].encode("ascii"))
+
+    def append(self, line):
+        """Append one line (bytes, no newline), fsync'd; on a failure the file is cut back."""
+        created = self.lines is None
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "ab") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+            try:
+                fh.write(line + b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fh.fileno(), self._size)
+                raise
         if created and os.name == "posix":
             _atomic._fsync_directory(os.path.dirname(self.path))
-        self.entries.append(entry)
+        self.lines = [*(self.lines or ()), line]
+        self.entries.append(json.loads(line))
+        self._size += len(line) + 1
 
 
 class MemoryService:
@@ -216,7 +244,8 @@ class MemoryService:
     Raises
     ------
     MemoryFileError
-        The store (or its receipt log) does not load, or is signed and no key was given.
+        The store (or its receipt log) does not load, or is signed and no key was given; the
+        receipt log does not fit the store's chain head (the message names the line).
     StaleStateError
         The newest logged receipt is newer than the store (signed or not).
     ReceiptError
@@ -281,17 +310,30 @@ class MemoryService:
         return mem
 
     def _check_receipts(self):
-        """Refuse a store older than its receipt log (signed or not), or a forged log entry."""
-        entries = self._receipts.entries
-        if not entries:
-            return
+        """Refuse a receipt log that does not fit the store's chain head (cut short, a line
+        deleted, swapped, duplicated or edited, removed), a forged entry, or a store older
+        than its log (signed or not); then make the log whole (a torn last line dropped, the
+        store's last receipt appended when a crash kept it from the log)."""
+        log = self._receipts
+        try:
+            missing = check_chain(log.path, log.lines, log.entries, self._mem._receipt_chain)
+        except MemoryFileError:
+            if log.entries:  # a store older than the log: the more precise diagnosis
+                self._check_not_older(log.entries[-1])
+            raise
+        entries = log.entries + ([json.loads(missing)] if missing is not None else [])
         if self._key is not None:
             for number, entry in enumerate(entries, 1):
                 if not verify_receipt(entry, self._key):
-                    raise ReceiptError(f"{self._receipts.path}: receipt {number} does not "
-                                       "verify with the store's key")
+                    raise ReceiptError(f"{log.path}: receipt {number} does not verify with "
+                                       "the store's key")
+        if entries:
+            self._check_not_older(entries[-1])
+        log.repair(missing)
+
+    def _check_not_older(self, newest):
         try:
-            self._mem._check_not_older(entries[-1])
+            self._mem._check_not_older(newest)
         except StaleStateError as exc:
             raise StaleStateError(
                 f"{self.path}: {exc}; its receipt log {self._receipts.path} holds later "
@@ -362,7 +404,11 @@ class MemoryService:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
+                    if receipt:
+                        self._receipts.catch_up(mem._receipt_chain)
                     out = fn(mem)
+                    if receipt:
+                        out, line = self._link(mem, out)
                     if mem.revision != revision:
                         mem.save(self.path)
                         self._identity = _identity(self.path)
@@ -373,13 +419,23 @@ class MemoryService:
                     raise
             notes = [str(w.message) for w in caught]
             if receipt:
-                out = out.to_dict()
                 try:
-                    self._receipts.append(out)
+                    self._receipts.append(line)
                 except OSError as exc:  # the change is committed: say so, it did not fail
-                    notes.append(f"the receipt was not written to {self._receipts.path}: "
-                                 f"{exc}")
+                    notes.append(f"the receipt was not yet written to {self._receipts.path} "
+                                 f"({exc}); the store holds it, and it is appended before the "
+                                 "next receipt or at the next start")
             return out, notes
+
+    def _link(self, mem, receipt):
+        """The logged form of a receipt (its dict with ``prev``) and its line; moves the
+        memory's chain head past it (saved with the operation, before the line is
+        appended)."""
+        prev, start = next_link(mem._receipt_chain, self._receipts.lines or [])
+        entry = {**receipt.to_dict(), "prev": prev}
+        line = chain_line(entry)
+        mem._receipt_chain = advance(start, line)
+        return entry, line
 
     # ------------------------------------------------------------------ inputs
     def _embed(self, text):

@@ -45,24 +45,6 @@ def _check_verify(verify, allowed=(True, False, "auto", "full", "maintained")):
     return "auto" if verify is True else verify
 
 
-def _similarities(keys, n, q, inv_sigma2, out, *, block=512):
-    """out[i] = exp(-||keys[i] - q||^2 / sigma^2) for i < n (differences first: no cancellation).
-
-    A second RBF evaluation beside :func:`svtoolkit.kernels.rbf_row`, kept because the store
-    holds its keys row-major (``keys[i]`` one record, as they are written to the file) while the
-    solver's kernels read keys as columns. NumPy over blocks of rows, not a compiled loop: a
-    query from a fresh process (the command line) then needs no JIT initialisation (about a
-    second), and a block of rows is read contiguously (a column of a row-major table is not).
-    The similarities only rank answers; no exactness claim rests on them.
-    """
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        diff = keys[start:stop] - q
-        np.einsum("ij,ij->i", diff, diff, out=out[start:stop])
-    np.multiply(out[:n], -inv_sigma2, out=out[:n])
-    np.exp(out[:n], out=out[:n])
-
-
 def _check_budget(budget, C):
     if budget is None:
         return None
@@ -187,6 +169,7 @@ class ForgettableMemory:
         self._tombstones = {}  # record_id -> (reason, time)
         self._next_auto = 0
         self._revision = 0
+        self._receipt_chain = None  # head of the store's receipt log (a server's; _receipts)
         self._digest = None
         self._coefficients = None  # cached coefficients hash; None when the solver moved
         self._kkt = None  # (KKT residual, "fresh" | "maintained") of the solver; None: moved
@@ -826,20 +809,13 @@ class ForgettableMemory:
             if n == 0:
                 return []
             table.sync_alpha(self._solver)
-            sims = np.empty(n)
-            _similarities(table.keys, n, q, 1.0 / (self.sigma * self.sigma), sims)
-            rows = np.flatnonzero(sims >= tau)
-            if rows.size == 0:
-                return []
-            gated = table.row_alpha[:n] * sims
-            total = float(gated.sum())
-            order = np.lexsort((table.row_sid[rows], -sims[rows]))[: int(k)]
+            rows, sims, total = table.nearest(q, int(k), 1.0 / (self.sigma * self.sigma), tau)
             hits = []
-            for row in rows[order]:
-                record_id = table.record_id(table.row_sid[row])
+            for sid, alpha, sim in zip(table.row_sid[rows].tolist(),
+                                       table.row_alpha[rows].tolist(), sims.tolist()):
+                record_id = table.record_id(sid)
                 hits.append(Hit(record_id, decode_value(table.get(record_id)[1]),
-                                float(gated[row] / total) if total > 0.0 else 0.0,
-                                float(sims[row])))
+                                alpha * sim / total if total > 0.0 else 0.0, sim))
             return hits
 
     def decision_function(self, X):
@@ -956,6 +932,7 @@ class ForgettableMemory:
             revision=self._revision,
             digest=self.state_digest(),
             audit_cursor=self._rolling.cursor(),
+            receipt_chain=self._receipt_chain,
             key=key,
         )
 
@@ -1096,6 +1073,7 @@ class ForgettableMemory:
                                                     check_record_id)
         self._next_auto = contents.next_auto
         self._revision = contents.revision
+        self._receipt_chain = contents.receipt_chain
         self._digest = None
         self._coefficients = None
         self._kkt = None

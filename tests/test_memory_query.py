@@ -1,0 +1,170 @@
+"""ForgettableMemory.query against a brute-force reference (direct differences, every record).
+
+The query ranks the records by one matrix-vector product on maintained squared norms and
+re-scores, by direct differences, the rows its rounding bound cannot rule out; these tests
+hold it to the answer of the direct computation over every held record: the same ids in the
+same order, and scores and weights within the error bounds derived below.
+
+Seeds: every test draws from np.random.default_rng(<seed in the test>).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from svtoolkit.memory import ForgettableMemory
+from svtoolkit.memory._table import TOTAL_RTOL
+
+U = 2.0 ** -53  # unit roundoff of float64
+
+
+def gamma(m):
+    """gamma_m = m u / (1 - m u): the relative error bound of a sum of m rounded terms."""
+    return m * U / (1.0 - m * U)
+
+
+def reference(mem, q, k, tau):
+    """(record ids, similarities, weights) of the answer by direct differences over every
+    held record, ranked by decreasing similarity, ties by insertion slot (older first)."""
+    solver = mem._solver
+    sids, alpha = np.asarray(solver.ids), np.asarray(solver.alpha)
+    ids = mem.record_ids
+    X = np.stack([mem.key(r) for r in ids])
+    y = ((X - q) ** 2).sum(axis=1) / mem.sigma ** 2
+    sims = np.exp(-y)
+    total = float(alpha @ sims)
+    rows = np.flatnonzero(sims >= tau)
+    rows = rows[np.lexsort((sids[rows], -sims[rows]))][:k]
+    return ([ids[i] for i in rows], sims[rows], alpha[rows] * sims[rows] / total, y[rows],
+            X)
+
+
+def score_bound(y, d):
+    """Largest difference between two evaluations of exp(-D / sigma^2) that both sum the
+    direct differences (in different orders), relative to the score: each sum is within
+    gamma_{d+2} D of the exact D (a relative error: no cancellation), the division adds u,
+    and exp adds a few ulps (library exp: < 2 ulp); so |y - y'| <= 2 (gamma_{d+2} + u) y and
+    the scores differ by a factor of at most exp(|y - y'|) (1 + 4 u)^2."""
+    return 2.0 * (gamma(d + 2) + U) * y * 1.01 + 8.0 * U
+
+
+def weight_bound(y, d, n, X, q, sigma):
+    """Relative bound on a weight a_i s_i / sum_j a_j s_j: the score's own (score_bound),
+    the normaliser's terms not returned (from the expansion, off by at most E / sigma^2 with
+    E = 2 gamma_{d+4} (max |x| + |q|)^2, and never by more than TOTAL_RTOL: past it they are
+    summed directly) plus the scores' bound, and the two sums' rounding (gamma_n each)."""
+    span = (np.sqrt((X ** 2).sum(axis=1).max()) + np.sqrt(q @ q)) ** 2
+    expansion = min(2.0 * gamma(d + 4) * span / sigma ** 2, TOTAL_RTOL) * 1.01
+    return 2.0 * score_bound(y, d) + expansion + 2.0 * gamma(n)
+
+
+def assert_matches_reference(mem, q, k, tau):
+    hits = mem.query(q, k, min_similarity=tau)
+    ids, sims, weights, y, X = reference(mem, q, k, tau)
+    d = X.shape[1]
+    assert [h.record_id for h in hits] == ids
+    scores = np.array([h.score for h in hits])
+    assert np.all(np.abs(scores - sims) <= score_bound(y, d) * sims)
+    got = np.array([h.weight for h in hits])
+    assert np.all(np.abs(got - weights)
+                  <= weight_bound(y, d, len(mem), X, q, mem.sigma) * weights)
+    return hits
+
+
+@pytest.mark.parametrize("d", [1, 3, 16, 64])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_query_equals_brute_force_after_adds_and_forgets(d, seed):
+    rng = np.random.default_rng(seed)
+    n = 150
+    X = rng.standard_normal((n, d)) * 3.0 + 5.0  # away from the origin: |x|^2 >> D
+    mem = ForgettableMemory(sigma=2.0 * np.sqrt(d), nu=0.3, n0=n)
+    mem.extend(X, [f"v{i}" for i in range(n)])
+    for rid in rng.choice(mem.record_ids, size=40, replace=False):
+        mem.forget(str(rid), verify=False)
+    for i in range(20):
+        mem.add(X[i] + 0.1 * rng.standard_normal(d), f"new {i}", record_id=f"n{i}")
+    queries = [X[rng.integers(n)] for _ in range(3)]  # exactly a key (maybe forgotten)
+    queries += [X[rng.integers(n)] + s * rng.standard_normal(d) for s in (1e-6, 0.3, 3.0)]
+    queries += [rng.standard_normal(d) * 20.0]  # far from everything
+    for q in queries:
+        for k in (1, 4, len(mem) + 3):
+            for tau in (1e-12, 0.5, 0.95, 1.0):
+                assert_matches_reference(mem, q, k, tau)
+
+
+@pytest.mark.parametrize("offset, spread, sigma", [
+    (10.0, 1e-9, 1.0),     # E / sigma^2 ~ 1e-12: the normaliser's far terms from the expansion
+    (1e3, 1e-5, 4e-5),     # E / sigma^2 ~ 10: the expansion ranks nothing; all re-scored
+])
+def test_query_near_duplicates_far_from_origin(offset, spread, sigma):
+    # |x|^2 - 2 x.q + |q|^2 cancels: its error (E ~ 1e-11 .. 1e-8) exceeds the distances
+    # between these keys, so the answer must come from the direct differences
+    rng = np.random.default_rng(7)
+    d, n = 16, 60
+    center = rng.standard_normal(d)
+    center *= offset / np.linalg.norm(center)
+    X = center + spread * rng.standard_normal((n, d))
+    mem = ForgettableMemory(sigma=sigma, C=1.0 / (0.3 * n))
+    mem.extend(X, list(range(n)))
+    for rid in ("r3", "r10", "r11"):
+        mem.forget(rid, verify=False)
+    for q in (X[3], X[5], center, center + 0.3 * spread * rng.standard_normal(d)):
+        for k in (1, 5, n):
+            hits = assert_matches_reference(mem, q, k, 1e-6)
+            assert "r3" not in [h.record_id for h in hits]
+
+
+def test_forgotten_record_is_never_returned_and_ties_go_to_the_older():
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((30, 4)) + 100.0
+    dup = X[7].copy()
+    mem = ForgettableMemory(sigma=1.0, C=0.1)
+    mem.extend(X, list(range(30)))
+    mem.add(dup, "copy", record_id="copy")  # an exact tie with r7, younger
+    hits = assert_matches_reference(mem, dup, 2, 0.5)
+    assert [h.record_id for h in hits] == ["r7", "copy"]
+    mem.forget("r7", verify=False)
+    hits = assert_matches_reference(mem, dup, 3, 0.5)
+    assert hits[0].record_id == "copy" and "r7" not in [h.record_id for h in hits]
+    mem.forget("copy", verify=False)
+    hits = assert_matches_reference(mem, dup, 30, 1.0)
+    assert hits == []  # no other key is at distance 0
+
+
+def test_many_exact_ties_beyond_k_are_broken_by_age():
+    rng = np.random.default_rng(5)
+    X = np.repeat(rng.standard_normal((3, 8)), 20, axis=0)  # 3 groups of 20 equal keys
+    order = rng.permutation(len(X))
+    mem = ForgettableMemory(sigma=5.0, C=0.05)
+    mem.extend(X[order], [int(i) for i in order])
+    for rid in ("r0", "r4", "r33"):
+        mem.forget(rid, verify=False)
+    for q in X[::20]:
+        for k in (1, 7, 25, 60):
+            assert_matches_reference(mem, q, k, 1e-9)
+
+
+def test_squared_norms_follow_the_rows():
+    rng = np.random.default_rng(11)
+    d = 12
+    X = rng.standard_normal((80, d)) * 4.0
+    mem = ForgettableMemory(sigma=3.0, nu=0.3, n0=80)
+    mem.extend(X[:60], list(range(60)))
+    for i in range(60, 80):
+        mem.add(X[i], i)
+    big = 50.0 * np.ones(d)
+    mem.add(big, "big", record_id="big")
+    for rid in ("r0", "r59", "r17"):
+        mem.forget(rid, verify=False)
+    mem.edit("r20", key=X[20] + 1.0)
+    table = mem._table
+    keys = table.keys[: table.n]
+    # each squared norm is a dot product of length d: within gamma_d of the exact value
+    want = np.einsum("ij,ij->i", keys, keys)
+    assert np.all(np.abs(table.row_sqnorm[: table.n] - want) <= 2.0 * gamma(d) * want)
+    assert np.all(table.row_sqnorm[table.n:] == 0.0)  # freed rows hold nothing
+    assert_matches_reference(mem, big, 3, 1e-12)
+    mem.forget("big", verify=False)  # the largest norm goes: the bound is recomputed
+    assert_matches_reference(mem, X[30], 5, 0.5)
+    assert table._sqnorm_max == table.row_sqnorm[: table.n].max()
