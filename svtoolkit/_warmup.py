@@ -13,6 +13,8 @@ cache does not hold it, so that a first command does not sit silent for a minute
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 __all__ = ["warmup", "kernel_modules", "announce_compilation", "COMPILE_NOTICE"]
@@ -33,18 +35,15 @@ def kernel_modules():
     return (kernels, _walk, _bulk, _fista, _store)
 
 
-def announce_compilation(stream):
-    """From now on, print :data:`COMPILE_NOTICE` to ``stream`` when a kernel of svtoolkit
-    starts compiling, once per process.
+def announce_compilation():
+    """From now on, print :data:`COMPILE_NOTICE` to stderr when a kernel of svtoolkit starts
+    compiling, once per process.
 
     Numba signals a compilation (its ``numba:compile`` event) only when a kernel is compiled
     for a signature that its cache does not hold: a load from the cache is no compilation and
-    prints nothing. Calling this again adds no second line.
-
-    Parameters
-    ----------
-    stream : file-like
-        Where the line goes (a command's stderr).
+    prints nothing. Calling this again adds no second line. The line goes to ``sys.stderr`` as
+    it is when the compilation starts, and a stream that cannot take it is skipped: the notice
+    never stops a compilation.
     """
     from numba.core import event
 
@@ -54,7 +53,10 @@ def announce_compilation(stream):
             if _announced or not getattr(func, "__module__", "").startswith("svtoolkit."):
                 return
             _announced.append(True)
-            print(COMPILE_NOTICE, file=stream, flush=True)
+            try:
+                print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+            except (OSError, ValueError):  # stderr closed or gone: compile all the same
+                pass
 
         def on_end(self, ev):
             pass

@@ -686,7 +686,7 @@ def main(argv=None):
     if args.func not in (_cmd_remote, _cmd_warmup):  # a remote command compiles nothing here
         from ._warmup import announce_compilation
 
-        announce_compilation(sys.stderr)
+        announce_compilation()
     with warnings.catch_warnings(record=True) as caught:
         for category in (BudgetExceededWarning, DurabilityWarning):
             warnings.simplefilter("always", category)

@@ -77,11 +77,11 @@ def test_a_writable_package_leaves_the_cache_beside_the_source(tmp_path):
 
 
 # two small kernels (the Gram and the cross RBF kernel): two compilations, one notice
-COMPILE_TWO = ("import sys, numpy as np\n"
+COMPILE_TWO = ("import numpy as np\n"
                "from svtoolkit._warmup import announce_compilation\n"
                "from svtoolkit.kernels import rbf_kernel\n"
-               "announce_compilation(sys.stderr)\n"
-               "announce_compilation(sys.stderr)\n"
+               "announce_compilation()\n"
+               "announce_compilation()\n"
                "X = np.random.default_rng(0).standard_normal((4, 2))\n"
                "rbf_kernel(X, sigma=1.0)\n"
                "rbf_kernel(X, X[:2], sigma=1.0)\n")
@@ -93,6 +93,22 @@ def test_the_compile_notice_is_printed_once_and_not_when_the_cache_holds_the_ker
     assert first.stderr.count(NOTICE_START) == 1
     cached = _python(COMPILE_TWO, env=env, cwd=tmp_path)
     assert cached.stderr == ""
+
+
+def test_a_closed_stderr_never_stops_a_compilation(tmp_path):
+    """The line goes to stderr as it is when the compilation starts (a command's stderr may have
+    been replaced since the notice was set up); one that cannot take it is skipped."""
+    code = ("import io, sys, numpy as np\n"
+            "from svtoolkit._warmup import announce_compilation\n"
+            "from svtoolkit.kernels import rbf_kernel\n"
+            "announce_compilation()\n"
+            "gone = io.StringIO()\n"
+            "gone.close()\n"
+            "sys.stderr = gone\n"
+            "print(rbf_kernel(np.zeros((1, 1)), sigma=1.0).tolist())\n")
+    out = _python(code, env=_environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache"),
+                  cwd=tmp_path)
+    assert out.stdout.strip() == "[[1.0]]"
 
 
 @pytest.mark.slow
