@@ -53,13 +53,9 @@ from _common import cpu_model  # noqa: E402
 
 import svtoolkit  # noqa: E402
 from svtoolkit import IncrementalSVDD  # noqa: E402
-from svtoolkit.torch.exact_gate import (
-    ExactGateFunction,
-    GramGateFunction,
-    _state_from_solver,
-    bordered_solve_gate,
-    rbf,
-)
+from svtoolkit.torch._gate_autograd import ExactGateFunction, GramGateFunction, rbf  # noqa: E402
+from svtoolkit.torch.exact_gate import _state_from_solver  # noqa: E402
+from svtoolkit.torch.ops.naive_gate import bordered_solve_gate  # noqa: E402
 
 SIZES = (32, 128, 512)
 CVXPYLAYERS_SIZE = 30  # (c) is measured only for n <= 30

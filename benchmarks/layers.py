@@ -135,10 +135,10 @@ def time_rows(models: dict, tokens: torch.Tensor, warmup: int, reps: int,
 # ------------------------------------------------------------------------------ profile
 #: Functions of the SV forward pass timed by ``--profile`` (module, attribute, label).
 PROFILED = (
-    ("svtoolkit.torch.ops.sv_attention", "rbf_gram", "gram (RBF kernel)"),
-    ("svtoolkit.torch.ops.sv_attention", "_prefix_fista", "FISTA partition finder (Numba)"),
-    ("svtoolkit.torch.ops.sv_attention", "partition_masks", "partition masks"),
-    ("svtoolkit.torch.ops.sv_attention", "ridged_svdd_solve", "ridged bordered solve"),
+    ("svtoolkit.torch.ops.chunked_sv", "rbf_gram", "gram (RBF kernel)"),
+    ("svtoolkit.torch.ops.chunked_sv", "_prefix_fista", "FISTA partition finder (Numba)"),
+    ("svtoolkit.torch.ops.chunked_sv", "partition_masks", "partition masks"),
+    ("svtoolkit.torch.ops.chunked_sv", "ridged_svdd_solve", "ridged bordered solve"),
     ("svtoolkit.torch.layers.sv", "sv_hybrid_readout", "readout (hybrid)"),
     ("svtoolkit.torch.layers.sv", "sv_rbf_readout", "readout (RBF)"),
     ("svtoolkit.torch.layers.sv", "sv_gate", "sv_gate (other work)"),

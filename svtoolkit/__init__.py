@@ -28,7 +28,7 @@ import importlib
 # a command that only talks to a memory server does not need.
 _EXPORTS = {
     "IncrementalSVDD": ".exact", "MarginSystem": ".exact", "SolverFailure": ".exact",
-    "warmup": ".exact._warmup", "rbf_kernel": ".kernels",
+    "warmup": "._warmup", "rbf_kernel": ".kernels",
     "ForgettableMemory": ".memory", "DeletionReceipt": ".memory", "Hit": ".memory",
     "MemoryFileError": ".memory", "BudgetExceededWarning": ".memory", "AddResult": ".memory",
     "DurabilityWarning": ".memory", "MemoryAuthenticationError": ".memory",

@@ -483,6 +483,19 @@ def _cmd_audit(args):
     _emit(report, args.json)
 
 
+def _cmd_warmup(args):
+    import time
+
+    from ._warmup import warmup
+
+    print("compiling every kernel of svtoolkit (those Numba's cache holds are loaded)...",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    warmup()
+    where = os.environ.get("NUMBA_CACHE_DIR") or "beside the package's source files"
+    print(f"warm-up done in {time.perf_counter() - start:.1f} s; Numba's cache: {where}")
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="svtoolkit",
@@ -611,6 +624,11 @@ def _parser():
     p.add_argument("--request-timeout", type=float, default=10.0,
                    help="seconds a connection has to send a whole request (headers and "
                    "body); slower or idle connections are closed (default 10)")
+
+    p = top.add_parser("warmup", help="compile every kernel now, once, and report the time",
+                       description="Compile every Numba kernel of svtoolkit ahead of time (a "
+                       "minute or so on an empty cache; later runs load them from the cache).")
+    p.set_defaults(func=_cmd_warmup)
     return parser
 
 
@@ -665,6 +683,10 @@ def main(argv=None):
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse(_parser(), _join_negative_keys(argv))
+    if args.func not in (_cmd_remote, _cmd_warmup):  # a remote command compiles nothing here
+        from ._warmup import announce_compilation
+
+        announce_compilation()
     with warnings.catch_warnings(record=True) as caught:
         for category in (BudgetExceededWarning, DurabilityWarning):
             warnings.simplefilter("always", category)

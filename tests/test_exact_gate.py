@@ -334,19 +334,6 @@ def test_gram_gate_requires_the_partition_and_never_imports_the_reference():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_moved_names_keep_their_old_import_path():
-    import svtoolkit.torch as st
-    from svtoolkit.torch import exact_gate as old
-    from svtoolkit.torch.layers import set_readout
-
-    assert old.sv_attention is set_readout.sv_attention is st.sv_attention
-    assert old.SVAttention is SVAttention and old.SVAttentionInfo is set_readout.SVAttentionInfo
-    assert old.ZERO_DENOMINATOR == ZERO_DENOMINATOR and old.rbf is rbf
-    assert old.bordered_solve_gate is bordered_solve_gate
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        old.nothing  # noqa: B018
-
-
 def test_gate_from_solver_after_deletions_matches_a_fresh_gate():
     """Differentiating a memory that had deletions, without re-solving: the same gradient as
     the gate of a fresh solve of the retained keys (exact unlearning, unique optimum)."""

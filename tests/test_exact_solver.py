@@ -378,7 +378,7 @@ def test_near_duplicate_clusters_stay_exact(spacing):
         s.remove(v)
         compare_with_reference(s, rng, tol_f=TOL_F_NEARDUP)
     audit = s.audit()
-    assert audit["inverse_residual"] <= 1e-8 and audit["grad_drift"] <= 1e-10
+    assert audit.inverse_residual <= 1e-8 and audit.grad_drift <= 1e-10
 
 
 @pytest.mark.parametrize("jitter", [0.0, 1e-6, 1e-5, 1e-4])
@@ -445,12 +445,12 @@ def test_audit_detects_and_repairs_a_corrupted_inverse():
     rng = np.random.default_rng(8)
     s = IncrementalSVDD.from_nu(0.3, 60, 1.0)
     s.extend(rng.standard_normal((60, 3)))
-    assert s.audit()["refactorized"] is False
+    assert s.audit().refactorized is False
     m = s._m
     s._R[: m + 1, : m + 1] *= 1.0 + 1e-6  # simulated drift
     report = s.audit()
-    assert report["refactorized"] and report["inverse_residual"] > 1e-8
-    assert s.audit()["inverse_residual"] <= 1e-12
+    assert report.refactorized and report.inverse_residual > 1e-8
+    assert s.audit().inverse_residual <= 1e-12
     s.remove(s.margin_ids[0])
     compare_with_reference(s, rng)
 
@@ -465,8 +465,8 @@ def test_long_random_sequence_has_no_drift():
         else:
             s.add(rng.standard_normal(4))
     report = s.audit()
-    assert report["grad_drift"] <= 1e-12 and report["inverse_residual"] <= 1e-12
-    assert report["refactorized"] is False
+    assert report.grad_drift <= 1e-12 and report.inverse_residual <= 1e-12
+    assert report.refactorized is False
 
 
 # ------------------------------------------------------------------------------- bad input
@@ -713,12 +713,12 @@ def test_consistency_exposes_tampered_maintained_state(key, figure):
     """Structurally sound but wrong numbers load, and consistency() names them."""
     s = _filled()
     clean = s.consistency()
-    assert clean["kkt_residual"] < 1e-12 and clean["margin_rows_drift"] == 0.0
-    assert clean["grad_drift"] < 1e-12 and clean["inverse_residual"] < 1e-12
+    assert clean.kkt_residual < 1e-12 and clean.margin_rows_drift == 0.0
+    assert clean.grad_drift < 1e-12 and clean.inverse_residual < 1e-12
     state = s.state_dict()
     state[key] = state[key] + 0.01
     found = IncrementalSVDD.from_state_dict(state).consistency()
-    assert found[figure] > 1e-3
+    assert getattr(found, figure) > 1e-3
 
 
 def test_kkt_residual_reads_nan_as_infinite():
@@ -728,7 +728,7 @@ def test_kkt_residual_reads_nan_as_infinite():
     s = _filled()
     s._alpha[3] = np.nan
     assert s.kkt_residual() == np.inf
-    assert s.consistency()["kkt_residual"] == np.inf
+    assert s.consistency().kkt_residual == np.inf
     K = rbf_kernel(np.eye(3), sigma=1.0)
     assert kkt_residual(K, 0.5, np.array([0.5, 0.5, np.nan]), 0.0) == np.inf
     with pytest.raises(ValueError, match="all three"):
@@ -862,7 +862,7 @@ def test_translated_wide_keys_keep_their_exactness_and_audit_changes_nothing():
     assert b.kkt_residual() <= 1e-12
     before = b.decision_function(Z[:40] + 1e4)
     report = b.audit()
-    assert not report["refactorized"] and report["kkt_residual"] <= 1e-12
+    assert not report.refactorized and report.kkt_residual <= 1e-12
     np.testing.assert_array_equal(b.decision_function(Z[:40] + 1e4), before)
     np.testing.assert_allclose(before, a.decision_function(Z[:40]), rtol=0, atol=1e-11)
 
@@ -876,7 +876,7 @@ def test_huge_finite_keys_are_handled_exactly(scale):
     s = IncrementalSVDD(1 / 320, 16.0)
     ids = s.extend(Z)
     report = s.audit()
-    assert np.isfinite(s.alpha).all() and np.isfinite(s.rho) and report["kkt_residual"] <= 1e-12
+    assert np.isfinite(s.alpha).all() and np.isfinite(s.rho) and report.kkt_residual <= 1e-12
     s.remove(ids[5])
     s.add(Z[5] * 1.5)
     assert s.kkt_residual() <= 1e-12 and np.isfinite(s.decision_function(Z[:3])).all()
@@ -922,7 +922,7 @@ def test_format_1_states_load_into_the_shifted_kernel():
     old = dict(state, format=1, KSt=state["KSt"] + 1.0, R=unshifted_inverse(state["R"]),
                fs=state["fs"] - np.array([1.0, 0.0, 0.0, 0.0]))
     t = IncrementalSVDD.from_state_dict(old)
-    assert m > 0 and t.consistency()["inverse_residual"] <= 1e-10
+    assert m > 0 and t.consistency().inverse_residual <= 1e-10
     Q = rng.standard_normal((20, 4))
     np.testing.assert_allclose(t.decision_function(Q), s.decision_function(Q), atol=1e-13)
     for solver in (s, t):
@@ -995,7 +995,7 @@ def test_bulk_build_lands_on_the_walks_state(n, d, nu, sigma, monkeypatch):
         np.testing.assert_array_equal(getattr(bulk, name), getattr(walked, name))
     np.testing.assert_allclose(bulk.alpha, walked.alpha, rtol=0, atol=1e-12)
     assert bulk.rho == pytest.approx(walked.rho, abs=1e-12) and bulk.kkt_residual() <= 1e-13
-    assert bulk.consistency()["grad_drift"] <= 1e-12
+    assert bulk.consistency().grad_drift <= 1e-12
     for s in (bulk, walked):
         s.remove(int(ids[1]))
         s.add(X[1] + 0.25)
@@ -1042,19 +1042,19 @@ def test_bulk_path_is_not_taken_in_warm_up_or_into_a_filled_solver():
     assert t.n_bulk_builds == 0 and t.kkt_residual() <= 1e-13
 
 
-def test_audit_and_consistency_are_frozen_results_that_still_read_as_mappings():
+def test_audit_and_consistency_are_frozen_results():
+    import dataclasses
+
     from svtoolkit.exact import Audit, Consistency
 
     s = IncrementalSVDD(0.2, 1.0)
     s.extend(np.random.default_rng(41).standard_normal((20, 3)))
     found, report = s.consistency(), s.audit()
     assert isinstance(found, Consistency) and isinstance(report, Audit)
-    assert found["kkt_residual"] == found.kkt_residual <= 1e-13
-    assert set(report.keys()) == {"grad_drift", "inverse_residual", "kkt_residual",
-                                  "refactorized", "rho_offset"}
-    assert report.to_dict()["refactorized"] is False
-    with pytest.raises(KeyError, match="no_such_field"):
-        found["no_such_field"]
+    assert found.kkt_residual <= 1e-13
+    assert dataclasses.asdict(report).keys() == {"grad_drift", "inverse_residual",
+                                                 "kkt_residual", "refactorized", "rho_offset"}
+    assert report.refactorized is False
     with pytest.raises(AttributeError, match="cannot assign"):
         found.kkt_residual = 0.0
 

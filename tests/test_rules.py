@@ -161,7 +161,7 @@ def _python_calls(path, kernels):
 def _entry_points():
     """Kernels that plain Python code of the package calls (the warm-up must compile those;
     kernels called only from other kernels are compiled with their callers)."""
-    from svtoolkit.exact._warmup import kernel_modules
+    from svtoolkit._warmup import kernel_modules
 
     kernels = {f"{m.__name__}.{name}" for m in kernel_modules() for name in _dispatchers(m)}
     found = set()
@@ -171,7 +171,7 @@ def _entry_points():
 
 
 def test_kernel_modules_list_every_module_with_a_kernel():
-    from svtoolkit.exact._warmup import kernel_modules
+    from svtoolkit._warmup import kernel_modules
 
     listed = {m.__file__ for m in kernel_modules()}
     for path in PACKAGE.rglob("*.py"):

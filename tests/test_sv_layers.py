@@ -62,15 +62,6 @@ def _keys(B=2, T=29, H=2, D=3, seed=1):
 
 
 # ------------------------------------------------------------------------------- the gates
-def test_old_module_path_is_the_renamed_module():
-    """``svtoolkit.torch.ops.sv_attention`` (old name) is ``chunked_sv`` itself, so code that
-    reads or replaces its attributes through the old name still reaches the real functions."""
-    import svtoolkit.torch.ops.chunked_sv as renamed
-    import svtoolkit.torch.ops.sv_attention as old
-
-    assert old is renamed and old.sv_gate is sv_gate
-
-
 def test_chunk_ends_and_warmup_size():
     assert chunk_ends(29, 8) == [8, 16, 24]
     assert chunk_ends(24, 8) == [8, 16]

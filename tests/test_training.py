@@ -59,7 +59,7 @@ def tiny_model(attn="softmax", dropout=0.0, seed=SEED):
 # ------------------------------------------------------------------------------ config
 def test_config_is_frozen_and_checked():
     config = TrainConfig()
-    with pytest.raises(dataclasses_frozen_error()):
+    with pytest.raises(dataclasses_frozen_error(), match="cannot assign to field 'steps'"):
         config.steps = 3
     assert TrainConfig(steps=100).warmup == 5 and TrainConfig(steps=10).warmup == 1
     assert TrainConfig(warmup_steps=7).warmup == 7

@@ -70,27 +70,8 @@ class SolverFailure(RuntimeError):
     """
 
 
-class _MappingResult:
-    """Mixin for frozen result dataclasses that were plain dicts in earlier versions:
-    ``result["field"]``, ``keys()``, ``items()`` and ``to_dict()`` keep old code working."""
-
-    def __getitem__(self, name):
-        if name not in self.__dataclass_fields__:
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def keys(self):
-        return self.__dataclass_fields__.keys()
-
-    def items(self):
-        return [(name, getattr(self, name)) for name in self.__dataclass_fields__]
-
-    def to_dict(self):
-        return dict(self.items())
-
-
 @dataclass(frozen=True)
-class Consistency(_MappingResult):
+class Consistency:
     """What :meth:`IncrementalSVDD.consistency` measured (NaN anywhere reads as ``inf``).
 
     Attributes
@@ -121,7 +102,7 @@ class Consistency(_MappingResult):
 
 
 @dataclass(frozen=True)
-class Audit(_MappingResult):
+class Audit:
     """What :meth:`IncrementalSVDD.audit` found and did.
 
     Attributes
@@ -1302,7 +1283,7 @@ class IncrementalSVDD:
         -------
         Consistency
             ``kkt_residual``, ``grad_drift``, ``inverse_residual`` and ``margin_rows_drift``
-            (a frozen dataclass; ``result["kkt_residual"]`` also works).
+            (a frozen dataclass).
         """
         n, m = self._n, self._m
         if n == 0:
@@ -1343,14 +1324,13 @@ class IncrementalSVDD:
         -------
         Audit
             ``grad_drift``, ``inverse_residual``, ``kkt_residual`` (after any repair),
-            ``refactorized`` and ``rho_offset`` (a frozen dataclass;
-            ``result["kkt_residual"]`` also works).
+            ``refactorized`` and ``rho_offset`` (a frozen dataclass).
         """
         self._ops_since_audit = 0
         if self._n == 0:
             return Audit(0.0, 0.0, 0.0, False, 0.0)
         found = self.consistency(margin_rows=False)
-        drift, inv_res = found["grad_drift"], found["inverse_residual"]
+        drift, inv_res = found.grad_drift, found.inverse_residual
         repaired = (drift > AUDIT_GRAD_TOL or inv_res > AUDIT_INVERSE_TOL
                     or not found.rho_offset <= AUDIT_GRAD_TOL)
         if repaired:

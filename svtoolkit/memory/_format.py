@@ -418,10 +418,11 @@ def check_solver_numbers(found):
 
     Parameters
     ----------
-    found : dict
+    found : Consistency
         :meth:`IncrementalSVDD.consistency` of the loaded solver.
     """
     for name, limit in _LOAD_LIMITS.items():
-        if not found[name] <= limit:
-            raise MemoryFileError(f"{name.replace('_', ' ')} {found[name]:.3g} exceeds "
+        value = getattr(found, name)
+        if not value <= limit:
+            raise MemoryFileError(f"{name.replace('_', ' ')} {value:.3g} exceeds "
                                   f"{limit:g}: {_LOAD_MEANING[name]} (tampered or corrupted)")

@@ -1036,7 +1036,7 @@ class ForgettableMemory:
         if verify == "full":
             found = solver.consistency()
             _format.check_solver_numbers(found)
-            mem._kkt = (float(found["kkt_residual"]), "fresh")
+            mem._kkt = (float(found.kkt_residual), "fresh")
         elif verify == "maintained":
             mem._kkt = (mem._maintained_kkt(), "maintained")
             _format.check_maintained_numbers(mem._kkt[0])

@@ -11,10 +11,9 @@ Attention (arXiv:2607.12204), §3.3 and App. A).
 * :func:`svdd_gate_from_gram` - K -> (alpha, rho) for a given partition;
 * :func:`svdd_decision` - the decision function in torch.
 
-Moved, and still importable from here: the autograd Functions and ``rbf``
-(:mod:`svtoolkit.torch._gate_autograd`), the slow reference ``bordered_solve_gate``
-(:mod:`svtoolkit.torch.ops.naive_gate`) and the set-level readout ``sv_attention`` /
-``SVAttention`` / ``SVAttentionInfo`` (:mod:`svtoolkit.torch.layers.set_readout`).
+The autograd Functions and ``rbf`` are in :mod:`svtoolkit.torch._gate_autograd`, the slow
+reference ``bordered_solve_gate`` in :mod:`svtoolkit.torch.ops.naive_gate` and the set-level
+readout ``sv_attention`` / ``SVAttention`` in :mod:`svtoolkit.torch.layers.set_readout`.
 
 **Warm-up.** While ``n C < 1`` the problem is infeasible and nothing is certified:
 :func:`svdd_gate` and :func:`gate_from_solver` raise.
@@ -23,7 +22,6 @@ Moved, and still importable from here: the autograd Functions and ``rbf``
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import numpy as np
 import torch
@@ -31,61 +29,23 @@ import torch
 from .._rules import FEASIBILITY_TOL
 from .._validation import check_positive
 from ..exact import IncrementalSVDD
+from ._checks import as_numpy64, check_keys_shape, check_tensor
 from ._gate_autograd import ExactGateFunction, GramGateFunction, _make_state, rbf
-from .ops.naive_gate import bordered_solve_gate
 
 __all__ = [
     "svdd_gate",
     "svdd_gate_from_gram",
     "gate_from_solver",
     "svdd_decision",
-    # moved; re-exported
-    "bordered_solve_gate",
-    "rbf",
-    "ExactGateFunction",
-    "GramGateFunction",
-    "sv_attention",
-    "SVAttention",
-    "SVAttentionInfo",
 ]
 
 #: K-level forward: a given partition is accepted when its KKT signs hold to this (units of f).
 PARTITION_SIGN_TOL = 1e-9
 
-#: Names that moved to svtoolkit.torch.layers.set_readout (it imports this module, so they are
-#: resolved on first access rather than imported here).
-_SET_READOUT = ("sv_attention", "SVAttention", "SVAttentionInfo", "ZERO_DENOMINATOR")
-
-
-def __getattr__(name):
-    if name in _SET_READOUT:
-        return getattr(importlib.import_module("svtoolkit.torch.layers.set_readout"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 # --------------------------------------------------------------------------------------------
 # validation helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _check_tensor(x, name, ndim=None, shape_text=""):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor; got {x.dtype}")
-    if ndim is not None and x.ndim != ndim:
-        raise ValueError(f"{name} must have shape {shape_text}; got {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or inf")
-    return x
-
-
-def _check_keys_shape(keys):
-    """At least one key and one feature in ``keys`` of shape (..., n, d)."""
-    if keys.shape[-2] == 0:
-        raise ValueError(f"keys must hold at least one key; got shape {tuple(keys.shape)}")
-    if keys.shape[-1] == 0:
-        raise ValueError(f"keys must have at least one feature; got shape {tuple(keys.shape)}")
 
 
 def _positions(idx, name, n):
@@ -104,10 +64,6 @@ def _positions(idx, name, n):
     if idx.size and (idx.min() < 0 or idx.max() >= n):
         raise ValueError(f"{name} positions must be in [0, {n}); got {idx.tolist()}")
     return idx
-
-
-def _as_numpy64(x):
-    return np.ascontiguousarray(x.detach().to(device="cpu", dtype=torch.float64).numpy())
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,7 +127,7 @@ def gate_from_solver(solver, keys):
     """
     if not isinstance(solver, IncrementalSVDD):
         raise TypeError(f"solver must be an IncrementalSVDD; got {type(solver).__name__}")
-    _check_tensor(keys, "keys", 2, "(n, d)")
+    check_tensor(keys, "keys", 2, "(n, d)")
     if not solver.certified:
         raise RuntimeError(
             "the exact gate needs a certified solver: it is in warm-up (n * C < 1, "
@@ -183,7 +139,7 @@ def gate_from_solver(solver, keys):
             f"keys must have the solver's shape {held.shape} (rows in the order of "
             f"solver.ids); got {tuple(keys.shape)}"
         )
-    if not np.array_equal(_as_numpy64(keys), held):
+    if not np.array_equal(as_numpy64(keys), held):
         raise ValueError("keys differ from solver.keys: the gradient would be of another problem")
     state = _state_from_solver(solver, keys.device)
     return ExactGateFunction.apply(keys, state, solver.sigma)
@@ -235,14 +191,14 @@ def svdd_gate(keys, *, C, sigma):
     """
     C = check_positive(C, "C")
     sigma = check_positive(sigma, "sigma")
-    _check_tensor(keys, "keys", 2, "(n, d)")
-    _check_keys_shape(keys)
+    check_tensor(keys, "keys", 2, "(n, d)")
+    check_keys_shape(keys)
     n = keys.shape[0]
     if n * C < 1.0 - FEASIBILITY_TOL:
         raise ValueError(
             f"infeasible: n * C = {n * C:.6g} < 1 (warm-up); the exact gate needs n * C >= 1"
         )
-    solver = _fresh_solver(_as_numpy64(keys), C, sigma)
+    solver = _fresh_solver(as_numpy64(keys), C, sigma)
     return gate_from_solver(solver, keys)
 
 
@@ -286,11 +242,11 @@ def svdd_gate_from_gram(K, C, *, margin=None, error=None):
     the solution of the KKT equations as written (see the module docstring).
     """
     C = check_positive(C, "C")
-    _check_tensor(K, "K", 2, "(n, n)")
+    check_tensor(K, "K", 2, "(n, n)")
     n = K.shape[0]
     if K.shape[1] != n or n == 0:
         raise ValueError(f"K must be a non-empty square matrix; got shape {tuple(K.shape)}")
-    K64 = _as_numpy64(K)
+    K64 = as_numpy64(K)
     if margin is None or error is None:
         raise ValueError(
             "give both margin and error: the K-level gate differentiates a given partition "

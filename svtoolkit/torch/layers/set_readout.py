@@ -15,14 +15,9 @@ import torch
 
 from ..._rules import FEASIBILITY_TOL
 from ..._validation import check_positive
-from ..exact_gate import (
-    _as_numpy64,
-    _check_keys_shape,
-    _check_tensor,
-    _fresh_solver,
-    gate_from_solver,
-)
+from .._checks import check_keys_shape, check_tensor
 from .._gate_autograd import rbf
+from ..exact_gate import svdd_gate
 
 __all__ = ["SVAttention", "SVAttentionInfo", "ZERO_DENOMINATOR", "sv_attention"]
 
@@ -56,7 +51,7 @@ class SVAttentionInfo:
 def _check_attention_inputs(keys, values, queries):
     for x, name, shape in ((keys, "keys", "(..., n, d)"), (values, "values", "(..., n, dv)"),
                            (queries, "queries", "(..., m, d)")):
-        _check_tensor(x, name)
+        check_tensor(x, name)
         if x.ndim < 2:
             raise ValueError(f"{name} must have shape {shape}; got {tuple(x.shape)}")
     batch = keys.shape[:-2]
@@ -71,7 +66,7 @@ def _check_attention_inputs(keys, values, queries):
     if queries.shape[-1] != keys.shape[-1]:
         raise ValueError(f"queries must have the key dimension {keys.shape[-1]}; "
                          f"got {tuple(queries.shape)}")
-    _check_keys_shape(keys)
+    check_keys_shape(keys)
 
 
 def _flatten_batch(x):
@@ -82,13 +77,11 @@ def _flatten_batch(x):
 
 def _gate_or_warmup(keys, C, sigma):
     """(alpha, rho, warmup) for one problem; warm-up gives the ungated uniform weights."""
-    keys64 = _as_numpy64(keys)
     n = keys.shape[0]
     if n * C < 1.0 - FEASIBILITY_TOL:
         alpha = torch.full((n,), 1.0 / n, dtype=torch.float64, device=keys.device)
         return alpha, torch.tensor(float("nan"), dtype=torch.float64, device=keys.device), True
-    solver = _fresh_solver(keys64, C, sigma)
-    alpha, rho = gate_from_solver(solver, keys)
+    alpha, rho = svdd_gate(keys, C=C, sigma=sigma)
     return alpha, rho, False
 
 
@@ -254,10 +247,10 @@ class SVAttention(torch.nn.Module):
         Reserve keys (a = 0 exactly) are False: they are certified inert and can be evicted
         without changing any readout. In warm-up every key is True (the readout is ungated).
         """
-        _check_tensor(keys, "keys")
+        check_tensor(keys, "keys")
         if keys.ndim < 2:
             raise ValueError(f"keys must have shape (..., n, d); got {tuple(keys.shape)}")
-        _check_keys_shape(keys)
+        check_keys_shape(keys)
         masks = [_gate_or_warmup(k, self.C, self.sigma)[0] > 0 for k in _flatten_batch(keys)]
         if not masks:  # an empty batch
             return torch.zeros(keys.shape[:-1], dtype=torch.bool, device=keys.device)

@@ -39,9 +39,8 @@ coefficients ``a_i``; the token-level gate update is ``chunk=1`` (a gate per tok
 
 Only the tensor algebra is here: the options, the rules (chunk ends, warm-up size) and the exact
 prefix gates are framework-neutral (:mod:`svtoolkit._gate_core`) and shared with the MLX twin
-(:mod:`svtoolkit.mlx.ops`). The module was called ``sv_attention``; that name is kept as an
-alias (``svtoolkit.torch.ops.sv_attention``), but the function :func:`svtoolkit.torch.sv_attention`
-is another thing (the set-level readout).
+(:mod:`svtoolkit.mlx.ops`). The function :func:`svtoolkit.torch.sv_attention` is another thing
+(the set-level readout).
 """
 
 from __future__ import annotations

@@ -1,0 +1,130 @@
+"""Where Numba's cache goes (svtoolkit/_jit.py) and the one-line notice of a first compilation
+(svtoolkit/_warmup.py), each in a fresh interpreter: both are decided once per process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTICE_START = "svtoolkit: compiling the solver's kernels, once"
+
+
+def _python(code, *, env, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout, check=True)
+
+
+def _environ(**changes):
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
+    env.update({k: str(v) for k, v in changes.items()})
+    return env
+
+
+def _zipped_package(tmp_path):
+    """svtoolkit's __init__ and _jit in a zip archive: a package directory no one can write to
+    (not even root, unlike a directory without write permission)."""
+    archive = tmp_path / "svtoolkit.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in ("__init__.py", "_jit.py"):
+            z.write(ROOT / "svtoolkit" / name, f"svtoolkit/{name}")
+    return archive
+
+
+SHOW = ("import os, numba, svtoolkit._jit as j\n"
+        "print(j.__file__)\n"
+        "print(os.environ.get('NUMBA_CACHE_DIR'))\n"
+        "print(numba.config.CACHE_DIR)\n")
+
+
+def test_an_unwritable_package_caches_in_the_user_cache_directory(tmp_path):
+    archive = _zipped_package(tmp_path)
+    xdg = tmp_path / "xdg"
+    out = _python(SHOW, env=_environ(PYTHONPATH=archive, XDG_CACHE_HOME=xdg), cwd=tmp_path)
+    where, variable, numba_dir = out.stdout.splitlines()
+    assert where.startswith(str(archive))
+    assert variable == numba_dir == str(xdg / "svtoolkit" / "numba")
+
+
+def test_without_xdg_cache_home_the_user_cache_is_under_home(tmp_path):
+    archive = _zipped_package(tmp_path)
+    home = tmp_path / "home"
+    # a relative XDG_CACHE_HOME is invalid by the XDG rule and ignored
+    out = _python(SHOW, env=_environ(PYTHONPATH=archive, HOME=home, XDG_CACHE_HOME="rel"),
+                  cwd=tmp_path)
+    assert out.stdout.splitlines()[1] == str(home / ".cache" / "svtoolkit" / "numba")
+
+
+def test_a_numba_cache_dir_set_by_the_user_is_respected(tmp_path):
+    archive = _zipped_package(tmp_path)
+    mine = tmp_path / "mine"
+    out = _python(SHOW, env=_environ(PYTHONPATH=archive, NUMBA_CACHE_DIR=mine,
+                                     XDG_CACHE_HOME=tmp_path / "xdg"), cwd=tmp_path)
+    assert out.stdout.splitlines()[1:] == [str(mine), str(mine)]
+
+
+def test_a_writable_package_leaves_the_cache_beside_the_source(tmp_path):
+    out = _python(SHOW, env=_environ(PYTHONPATH=ROOT, XDG_CACHE_HOME=tmp_path / "xdg"),
+                  cwd=ROOT)
+    where, variable, numba_dir = out.stdout.splitlines()
+    assert where == str(ROOT / "svtoolkit" / "_jit.py")
+    assert variable == "None" and numba_dir == ""
+
+
+# two small kernels (the Gram and the cross RBF kernel): two compilations, one notice
+COMPILE_TWO = ("import numpy as np\n"
+               "from svtoolkit._warmup import announce_compilation\n"
+               "from svtoolkit.kernels import rbf_kernel\n"
+               "announce_compilation()\n"
+               "announce_compilation()\n"
+               "X = np.random.default_rng(0).standard_normal((4, 2))\n"
+               "rbf_kernel(X, sigma=1.0)\n"
+               "rbf_kernel(X, X[:2], sigma=1.0)\n")
+
+
+def test_the_compile_notice_is_printed_once_and_not_when_the_cache_holds_the_kernels(tmp_path):
+    env = _environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache")
+    first = _python(COMPILE_TWO, env=env, cwd=tmp_path)
+    assert first.stderr.count(NOTICE_START) == 1
+    cached = _python(COMPILE_TWO, env=env, cwd=tmp_path)
+    assert cached.stderr == ""
+
+
+def test_a_closed_stderr_never_stops_a_compilation(tmp_path):
+    """The line goes to stderr as it is when the compilation starts (a command's stderr may have
+    been replaced since the notice was set up); one that cannot take it is skipped."""
+    code = ("import io, sys, numpy as np\n"
+            "from svtoolkit._warmup import announce_compilation\n"
+            "from svtoolkit.kernels import rbf_kernel\n"
+            "announce_compilation()\n"
+            "gone = io.StringIO()\n"
+            "gone.close()\n"
+            "sys.stderr = gone\n"
+            "print(rbf_kernel(np.zeros((1, 1)), sigma=1.0).tolist())\n")
+    out = _python(code, env=_environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache"),
+                  cwd=tmp_path)
+    assert out.stdout.strip() == "[[1.0]]"
+
+
+@pytest.mark.slow
+def test_the_first_cli_change_announces_its_compilation_and_the_second_does_not(tmp_path):
+    env = _environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache")
+    cli = "import sys\nfrom svtoolkit.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    stores = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-c", cli, *argv], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=1200, check=True)
+
+    for store in stores:
+        run("memory", "init", store, "--sigma", "1", "--C", "0.3")
+    first = run("memory", "add", stores[0], "--key", "0,0", "--value", "a")
+    assert first.stderr.count(NOTICE_START) == 1
+    # the same change of another empty store: every kernel it needs is in the cache now
+    cached = run("memory", "add", stores[1], "--key", "0,0", "--value", "a")
+    assert NOTICE_START not in cached.stderr
