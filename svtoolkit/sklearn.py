@@ -104,7 +104,7 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         ``-offset_``.
     n_features_in_ : int
         Number of features seen at fit.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Feature names, when fit on a DataFrame whose column names are all strings.
 
     See Also

@@ -79,14 +79,14 @@ class Consistency:
     kkt_residual : float
         As :meth:`IncrementalSVDD.kkt_residual`, from fresh gradients.
     grad_drift : float
-        max |g maintained - g fresh| over every key (on the margin set both are ~0).
+        ``max |g maintained - g fresh|`` over every key (on the margin set both are ~0).
     inverse_residual : float
         ||R M - I||_max for the maintained bordered inverse R.
     margin_rows_drift : float
-        max |K_S maintained - K_S fresh| over the margin set's kernel rows (0.0 when not
+        ``max |K_S maintained - K_S fresh|`` over the margin set's kernel rows (0.0 when not
         recomputed).
     rho_offset : float
-        |rho - the rho a fresh solve reports| when no margin coefficient is free (every one
+        ``|rho - the rho a fresh solve reports|`` when no margin coefficient is free (every one
         within a rounding residue of a bound, or none at all; rho is then optimal anywhere in
         an interval and a fresh solve reports its midpoint), from fresh gradients; 0.0 while
         a free margin key fixes rho. Every f is off a fresh solve's by this much. Nonzero
@@ -988,7 +988,7 @@ class IncrementalSVDD:
             ``margin_ids`` in bordered-system order (row/column p+1 of the inverse belongs to
             ``margin_ids[p]``), ``error_ids``, ``inverse`` R = M^{-1} of shape (m+1, m+1) with
             M = [[0, 1^T], [1, 2 K_SS]], ``rho`` and ``alpha_margin`` (aligned with
-            ``margin_ids``). So [rho; a_S] = R [1 - |E| C; diag(K)_S - 2 C K_SE 1].
+            ``margin_ids``). So ``[rho; a_S] = R [1 - |E| C; diag(K)_S - 2 C K_SE 1]``.
 
         Raises
         ------
@@ -1054,7 +1054,7 @@ class IncrementalSVDD:
         coefficients, the margin list, ``sum(a) = 1``, the constants derived from C and
         sigma), so a damaged state is refused rather than crashing a kernel. Whether the
         numbers are an optimum and agree with the keys is :meth:`consistency`'s check
-        (O(n |support| d)); run it on a state from an untrusted source.
+        (``O(n |support| d)``); run it on a state from an untrusted source.
 
         Raises
         ------
@@ -1151,7 +1151,7 @@ class IncrementalSVDD:
 
         Small problems use the coordinate-wise Numba loop (above ``_bulk.SUM_PARALLEL_PAIRS``
         key pairs split over threads, with the same bits). Large ones with wide keys
-        (n |support| d above ``BLAS_FRESH_WORK``, d >= ``BLAS_FRESH_MIN_DIM``) take the squared
+        (``n |support| d`` above ``BLAS_FRESH_WORK``, d >= ``BLAS_FRESH_MIN_DIM``) take the squared
         distances from one matrix product per block of rows, |x|^2 + |y|^2 - 2 x.y on keys
         centred on the support's mean (measured 2.3x faster at n = 10^4, d = 384). The
         expansion loses ~eps (|x - c|^2 + |y - c|^2) of a squared distance, so it is used only
@@ -1271,7 +1271,7 @@ class IncrementalSVDD:
 
         What :meth:`audit` measures before it decides to repair, and what a loader checks
         before it trusts a stored state: the coefficients' optimality and every maintained
-        quantity the next exact walk will build on. Cost O(n |support| d + m n d + m^3).
+        quantity the next exact walk will build on. Cost ``O(n |support| d + m n d + m^3)``.
 
         Parameters
         ----------

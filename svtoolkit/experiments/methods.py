@@ -45,6 +45,7 @@ class Method:
     kind: str = "main"
 
 
+#: The compared methods by name, each a :class:`Method` (label, layer, options, kind).
 METHODS = {
     "sv": Method("SV-Attention", "sv", {}),
     "sv_rms": Method("SV (rms-normalised)", "sv", {"qk_norm": "rms"}, "ablation"),

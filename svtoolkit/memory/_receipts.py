@@ -59,7 +59,7 @@ class DeletionReceipt:
         (:func:`verify_receipt` checks it); None otherwise.
     kkt_source : str or None
         How ``kkt_residual`` was obtained: ``"fresh"`` - every gradient recomputed from the
-        keys for this receipt (O(n |support| d)); ``"maintained"`` - evaluated on the
+        keys for this receipt (``O(n |support| d)``); ``"maintained"`` - evaluated on the
         gradients the exact walk maintains (O(n); their agreement with the keys is what
         ``rolling_audit`` and the full checks verify); ``"cached fresh"`` /
         ``"cached maintained"`` - a value-only edit, whose solver state is the one that

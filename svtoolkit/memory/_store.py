@@ -32,7 +32,7 @@ __all__ = ["ForgettableMemory", "Hit", "DEFAULT_MIN_SIMILARITY"]
 #: Default support threshold on the kernel similarity k(q, x) (see :meth:`ForgettableMemory.query`).
 DEFAULT_MIN_SIMILARITY = 0.5
 #: Receipts (``verify=True``) and loads (``verify="auto"``) recompute every gradient from the
-#: keys while that costs at most this many multiply-adds (n |support| d; ~10 ms on one core);
+#: keys while that costs at most this many multiply-adds (``n |support| d``; ~10 ms on one core);
 #: above it they use the maintained certificate (see ``docs/memory.md``, "Verification levels").
 FRESH_KKT_WORK = 50_000_000
 _VERIFY_LEVELS = ("auto", "full", "maintained")
@@ -365,7 +365,7 @@ class ForgettableMemory:
         return self._rolling.step(self._solver)
 
     def _fresh_work(self):
-        """n |support| d: the multiply-adds of a fresh evaluation of every gradient."""
+        """``n |support| d``: the multiply-adds of a fresh evaluation of every gradient."""
         s = self._solver
         n = s._n
         return n * int(np.count_nonzero(s._alpha[:n])) * (s.n_features or 0)
@@ -647,9 +647,9 @@ class ForgettableMemory:
             decision-function deviation (cost: a full solve).
         verify : bool or {"auto", "full", "maintained"}, default True
             The receipt's KKT residual. ``"full"``: recomputed from the keys (every gradient
-            fresh, O(n |support| d), usually more than the deletion itself);
+            fresh, ``O(n |support| d)``, usually more than the deletion itself);
             ``"maintained"``: evaluated on the maintained gradients (O(n)); ``True`` (the
-            same as ``"auto"``): fresh while n |support| d <= :data:`FRESH_KKT_WORK`, else
+            same as ``"auto"``): fresh while ``n |support| d`` <= :data:`FRESH_KKT_WORK`, else
             maintained; ``False``: none (``kkt_residual`` None). The receipt's
             ``kkt_source`` says which; its ``rolling_audit`` reports the fresh checks of the
             maintained state this operation ran whatever ``verify`` is.
@@ -951,7 +951,7 @@ class ForgettableMemory:
         The solver's numbers are checked at one of two levels. **Full**: the KKT residual
         recomputed from the stored keys (at most :data:`KKT_TOL`) together with the
         maintained gradients, bordered inverse and margin kernel rows against a fresh
-        evaluation (:meth:`IncrementalSVDD.consistency`; cost O(n |support| d + m n d)).
+        evaluation (:meth:`IncrementalSVDD.consistency`; cost ``O(n |support| d + m n d)``).
         **Maintained**: the KKT residual evaluated on the stored (maintained) gradients (at
         most :data:`KKT_TOL`; O(n)); nothing is recomputed from the keys (the rolling audit
         resumes at the next operation that changes the solver).

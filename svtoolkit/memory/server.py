@@ -31,6 +31,7 @@ from ._service import (DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE, MemoryService,
 __all__ = ["create_app", "serve", "DEFAULT_PORT", "DEFAULT_MAX_BODY_BYTES",
            "DEFAULT_REQUEST_TIMEOUT", "MAX_WAITING_PER_CLIENT", "MAX_CONNECTIONS"]
 
+#: TCP port :func:`serve` listens on by default.
 DEFAULT_PORT = 8765
 #: Seconds a connection has to deliver a whole request (see :func:`serve`).
 DEFAULT_REQUEST_TIMEOUT = 10.0

@@ -586,7 +586,7 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
 
         [[0, 1^T], [1, 2 K_SS + ridge I]] u = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]
 
-    Problems are grouped by the next power of two of their own |S| and each group is padded to
+    Problems are grouped by the next power of two of their own ``|S|`` and each group is padded to
     that size with decoupled identity rows, so a problem's result never depends on the other
     problems in the batch. With ridge = 0 and the exact partition this returns the exact
     coefficients; with ridge > 0 it returns the exact solution of the ridged system, an

@@ -10,14 +10,14 @@ actually produces, not on synthetic draws. Two sources, both deterministic and q
   keys are its ``W_k`` projections of held-out fact tokens. The same model is the subject of
   ``examples/trained_recall_memory.py`` (forgetting, editing and eviction on it).
 * :func:`learned_key_sets` - a language model's keys: it trains a tiny
-:class:`svtoolkit.torch.TinyLM` with the hybrid SV layer (``attn="sv_hybrid"``) on the Python
-standard library's own source (zero install, :mod:`svtoolkit.corpora`) for a fixed number of
-steps, then runs held-out bytes (the validation split) through it and collects, per layer and
-head, the keys the gate sees - ``W_k`` projections of the block's normalised input, RMS-
-normalised per head (``||k|| = sqrt(D)``) with the layer's default ``qk_norm="rms"``, raw with
-``qk_norm="none"`` in the recipe's ``attn_options`` - in float64, cut into
-contexts of consecutive tokens and deduplicated within 0.1 (the paper's protocol for real
-streams).
+  :class:`svtoolkit.torch.TinyLM` with the hybrid SV layer (``attn="sv_hybrid"``) on the Python
+  standard library's own source (zero install, :mod:`svtoolkit.corpora`) for a fixed number of
+  steps, then runs held-out bytes (the validation split) through it and collects, per layer and
+  head, the keys the gate sees - ``W_k`` projections of the block's normalised input, RMS-
+  normalised per head (``||k|| = sqrt(D)``) with the layer's default ``qk_norm="rms"``, raw with
+  ``qk_norm="none"`` in the recipe's ``attn_options`` - in float64, cut into
+  contexts of consecutive tokens and deduplicated within 0.1 (the paper's protocol for real
+  streams).
 
 Determinism: the training runs on one thread (``threadpoolctl.threadpool_limits(1)`` and one
 Numba thread, both restored afterwards) from a fixed seed and a fixed corpus prefix, so a given

@@ -15,6 +15,7 @@ from .softmax import SlidingWindowAttention, SoftmaxAttention, StreamingLLMAtten
 from .sv import CausalSVAttention, HybridSVAttention, SVStreamState
 from .tensor_cache import TensorCache, tensor_cache_layer_mask, tensor_cache_stack
 
+#: Every attention layer class by its short name (the ``attn`` of :class:`svtoolkit.torch.TinyLM`).
 ATTENTION_LAYERS: dict[str, type] = {
     "softmax": SoftmaxAttention,
     "sliding_window": SlidingWindowAttention,

@@ -359,7 +359,7 @@ def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None,
         Multipliers of a gated prefix: ``a / C`` (an ungated boundary then equals plain
         softmax, and a prefix key of the error set weighs as much as a local key), or the raw
         coefficients ``a`` as Forgetful Attention (arXiv:2607.12204), §3.5 writes the hybrid
-        (they sum to 1, so the gated prefix weighs about 1/|prefix| of a local key).
+        (they sum to 1, so the gated prefix weighs about ``1/|prefix|`` of a local key).
 
     Returns
     -------

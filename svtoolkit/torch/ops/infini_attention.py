@@ -31,6 +31,7 @@ from ._common import check_positive_int, check_qkv, check_state, compute_dtype, 
 
 __all__ = ["INFINI_RULES", "InfiniState", "infini_attention"]
 
+#: Memory update rules of :func:`infini_attention` (its ``rule``).
 INFINI_RULES = ("linear", "delta")
 INFINI_EPS = 1e-6
 

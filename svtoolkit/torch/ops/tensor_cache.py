@@ -96,9 +96,13 @@ __all__ = [
     "tensor_cache_step_paths",
 ]
 
+#: Memory write rules of the tensor-cache ops (their ``rule``).
 RULES = ("outer", "delta", "wedge")
+#: Which tokens the parallel form writes to memory (``train_writes``).
 TRAIN_WRITES = ("evicted", "all")
+#: One write per token or one per chunk (``write_mode``).
 WRITE_MODES = ("token", "chunk_mean")
+#: Delta-rule residuals against the running memory or the chunk's start (``delta_residual``).
 DELTA_RESIDUALS = ("exact", "chunk_start")
 
 
