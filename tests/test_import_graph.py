@@ -18,7 +18,8 @@ PACKAGE = ROOT / "svtoolkit"
 #: floor or those below. Each entry is a top-level module or subpackage of svtoolkit.
 FLOORS = (
     ("_rules", "_validation", "_optional", "_jit"),
-    ("kernels", "_fista", "data", "corpora", "tasks", "stats", "sweep", "embeddings"),
+    ("kernels", "_fista", "data", "corpora", "tasks", "stats", "sweep", "embeddings",
+     "_minilm"),
     ("exact",),
     ("memory", "reference", "sklearn", "_gate_core"),
     ("torch", "mlx", "selection"),
