@@ -1,0 +1,76 @@
+"""Bulk builds whose landing misses the exact certificate: polished in place, not replayed.
+
+The bulk landing (SMO, then the walk's rest state from its partition) can end with maintained
+gradients that drifted from a fresh evaluation of the keys, so its certificate fails by a
+little; the build then used to replay the whole batch key by key (O(n) walks). Each test
+would fail on a solver without the polish of the landing (``n_bulk_builds`` stayed 0 there).
+"""
+
+import numpy as np
+from scipy.spatial.distance import pdist
+
+import svtoolkit.exact.solver as solver_module
+from svtoolkit import IncrementalSVDD
+
+#: The exact certificate of a build (BULK_KKT_TOL), units of f.
+KKT_EXACT = solver_module.BULK_KKT_TOL
+#: Two exact solves of the same keys at a unique optimum agree to the rounding of the bordered
+#: solve, eps / kappa relative with kappa the smallest margin Schur complement; a margin key
+#: has kappa >= KAPPA_TOL = 1e-8 (collinear keys come close to it), so 2.2e-8 relative on a
+#: coefficient of at most C = 1 / 1.5: 1.5e-8 absolute, rounded up.
+TOL_ALPHA_COLLINEAR = 2e-8
+
+
+def _collinear(n, seed):
+    t = np.random.default_rng(seed).uniform(0.0, 1.0, n)
+    X = np.c_[t, 2.0 * t + 0.5]
+    return X, 0.1 * float(np.median(pdist(X)))
+
+
+def _walked(C, sigma, X, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(solver_module, "BULK_MIN_KEYS", 10**9)
+        s = IncrementalSVDD(C, sigma)
+        s.extend(X)
+    assert s.n_bulk_builds == 0
+    return s
+
+
+def test_collinear_landing_is_polished_not_replayed(monkeypatch):
+    """150 collinear keys in R^2 (sigma = 0.1 x median distance, nu = 0.01): the SMO stops
+    at its iteration limit and the landing's certificate fails (9e-11 measured); the polish
+    repairs it, and the state is the one the walk reaches key by key."""
+    X, sigma = _collinear(150, 0)
+    C = 1.0 / (0.01 * 150)
+    bulk = IncrementalSVDD(C, sigma)
+    bulk.extend(X)
+    assert bulk.n_bulk_builds == 1 and bulk.n_bulk_fallbacks == 0
+    assert bulk.bulk_fallback_reason is None
+    assert bulk.kkt_residual() <= KKT_EXACT
+    walked = _walked(C, sigma, X, monkeypatch)
+    for name in ("margin_ids", "error_ids", "reserve_ids"):
+        np.testing.assert_array_equal(getattr(bulk, name), getattr(walked, name))
+    np.testing.assert_allclose(bulk.alpha, walked.alpha, rtol=0, atol=TOL_ALPHA_COLLINEAR)
+
+
+def test_without_the_polish_the_same_build_falls_back_and_says_why(monkeypatch):
+    """The same keys with the polish switched off: the fallback is counted and named."""
+    monkeypatch.setattr(solver_module, "BULK_POLISH_ROUNDS", 0)
+    X, sigma = _collinear(150, 0)
+    s = IncrementalSVDD(1.0 / (0.01 * 150), sigma)
+    s.extend(X)
+    assert s.n_bulk_builds == 0 and s.n_bulk_fallbacks == 1
+    assert "above BULK_KKT_TOL" in s.bulk_fallback_reason
+    assert "iteration limit" in s.bulk_fallback_reason
+    assert s.kkt_residual() <= KKT_EXACT
+
+
+def test_a_rejected_landing_is_counted_and_named(monkeypatch):
+    """A certificate no landing can meet: the replay builds the state, the fallback is on
+    record (it used to be visible only as n_bulk_builds staying 0)."""
+    monkeypatch.setattr(solver_module, "BULK_KKT_TOL", -1.0)
+    X = np.random.default_rng(32).standard_normal((100, 4))
+    s = IncrementalSVDD(0.02, 1.2)
+    s.extend(X)
+    assert s.n_bulk_builds == 0 and s.n_bulk_fallbacks == 1
+    assert s.bulk_fallback_reason.startswith("the landing's KKT residual")
