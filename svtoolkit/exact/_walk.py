@@ -67,8 +67,9 @@ NEED_POLISH = 4
 INCONSISTENT = 5
 
 # --- tolerances (one table; see docs/exact_solver.md) ------------------------------------------
-#: A point whose Schur complement against the margin set is below this is numerically dependent
-#: on it (an exact or near duplicate of margin points); it is kept out of S at its bound.
+#: A point whose Schur complement against the margin set is below this, times the scale of K'
+#: around it where that scale is below 1 (:func:`kappa_floor`), is numerically dependent on it
+#: (an exact or near duplicate of margin points); it is kept out of S at its bound.
 KAPPA_TOL = 1e-8
 #: Error/reserve points whose gradient moves slower than this per unit step are not event
 #: candidates (their gradient changes by less than SENS_TOL * step, far below 1e-12).
@@ -76,8 +77,8 @@ SENS_TOL = 1e-12
 #: FEASIBILITY_TOL (svtoolkit._rules): n C >= 1 - tol counts as feasible; an anchor residue
 #: below it is snapped to 0.
 #: At rest, error/reserve points whose gradient has the wrong sign by more than
-#: max(REPAIR_MIN_TOL * max(C, 1), REPAIR_FACTOR * C * min(kappa_i, KAPPA_TOL)) are relaxed by
-#: their own walk
+#: max(REPAIR_MIN_TOL * max(C, 1), REPAIR_FACTOR * C * min(kappa_i, floor_i)) are relaxed by
+#: their own walk (floor_i: :func:`kappa_floor`)
 #: (kappa_i: the point's Schur complement against S; see :func:`worst_violator`).
 REPAIR_MIN_TOL = 1e-13
 REPAIR_FACTOR = 4.0
@@ -226,6 +227,35 @@ def _schur(m, S, KSt, R, k, bk, vbuf):
     for i in range(m + 1):
         kappa += vbuf[i] * bk[i]
     return kappa
+
+
+@njit
+def kappa_floor(m, R, v, kappa, anchor):
+    """The Schur complement below which a candidate counts as dependent on S.
+
+    ``v = [1; 2 K'_Sk]`` is the candidate's bordered column (as :func:`_schur` fills it) and
+    ``kappa`` its computed Schur complement ``-v^T R v``. The computation cancels terms of
+    size ``s = |v|^T |R| |v|`` (the scale of K' around the candidate: ~1 for keys a kernel
+    width apart, ~(spread / sigma)^2 inside a tight cluster), so its rounding is ~(m + 2) u s
+    plus R's own drift, and a pivot kappa puts ~u s / kappa of relative rounding into the
+    later steps. The floor is KAPPA_TOL * min(s, 1): relative to the scale where that scale is
+    below 1 (a cluster's information lives at ~(spread / sigma)^2, which K' keeps to full
+    relative precision), the absolute KAPPA_TOL elsewhere. ``s`` is computed (O(m^2)) only
+    when kappa is below KAPPA_TOL, so keys that enter under the absolute rule pay nothing.
+    During warm-up (``anchor >= 0``) the floor stays absolute: the anchor's unit entries
+    (K'(anchor, x) = -1) dominate those steps, and admitting cluster keys on their own scale
+    there let sum(a) drift past CONSISTENCY_TOL (one build in a few hundred at C = 0.15).
+    """
+    if kappa >= KAPPA_TOL or m == 0 or anchor >= 0:
+        return KAPPA_TOL
+    s = 0.0
+    for i in range(m + 1):
+        row = R[i]
+        t = 0.0
+        for j in range(m + 1):
+            t += abs(row[j] * v[j])
+        s += abs(v[i]) * t
+    return KAPPA_TOL * min(s, 1.0)
 
 
 @njit
@@ -436,7 +466,8 @@ def walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
     does. Ties: the smallest step wins, equal steps go to the smallest id, the moving point's
     own events last. A point may not leave S by a zero-length step right after entering, nor
     re-enter by a zero-length step right after leaving (anti-cycling). A point whose Schur
-    complement is below KAPPA_TOL never enters S (it is marked dependent until S shrinks).
+    complement is below :func:`kappa_floor` never enters S (it is marked dependent until S
+    shrinks).
     """
     ist[_CUR_C] = c
     ist[_CUR_MODE] = mode
@@ -557,7 +588,7 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
     else:
         t = alpha[c] if alpha[c] > 0.0 else 0.0
         tbest, tiebest, kind, who = t, big - 1, _EV_C_ZERO, c
-    if mode != REMOVE and gam[c] > KAPPA_TOL:
+    if mode != REMOVE and gam[c] > kappa_floor(m, R, vbuf, gam[c], anchor):
         t = _step_to(grad[c], sign * gam[c])
         if _better(t, big - 2, tbest, tiebest):
             tbest, tiebest, kind, who = t, big - 2, _EV_C_TO_S, c
@@ -624,7 +655,7 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
         _leave(who, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
         return _CONTINUE
     kappa = _schur(m, S, KSt, R, who, bk, vbuf)
-    if kappa < KAPPA_TOL:
+    if kappa < kappa_floor(m, R, vbuf, kappa, ist[_ANCHOR]):
         blocked[who] = epoch  # dependent on S: stays at its bound until S shrinks
         ist[_REFUSED] += 1
         return _CONTINUE
@@ -637,8 +668,9 @@ def worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done):
     """Slot of the largest sign violation worth a relaxation walk, or -1.
 
     A violation counts when it exceeds REPAIR_MIN_TOL and REPAIR_FACTOR * C * kappa_i, with
-    kappa_i the point's Schur complement against S. Only a point kept out of S as dependent
-    can violate by more than rounding; relaxing it swaps it with the margin points it
+    kappa_i the point's Schur complement against S (capped at its :func:`kappa_floor`). Only a
+    point kept out of S as dependent can violate by more than rounding; relaxing it swaps it
+    with the margin points it
     depends on, which moves their gradient difference by about 2 C kappa_i - so below that
     bound the optimum splits weight between near twins, the vertex state is within that bound
     of it, and a relaxation would only make the twins trade places. ``done`` marks points
@@ -659,9 +691,10 @@ def worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done):
         if v <= REPAIR_MIN_TOL * scale or v <= worst or (i < done.shape[0] and done[i]):
             continue
         if m > 0:
-            # tolerated only while i is dependent on S (kappa_i < KAPPA_TOL): so at rest every
-            # sign violation outside `done` is below REPAIR_FACTOR * C * KAPPA_TOL
-            kappa = min(_schur(m, S, KSt, R, i, bk, vbuf), KAPPA_TOL)
+            # tolerated only while i is dependent on S (kappa_i below its floor): so at rest
+            # every sign violation outside `done` is below REPAIR_FACTOR * C * KAPPA_TOL
+            kappa = _schur(m, S, KSt, R, i, bk, vbuf)
+            kappa = min(kappa, kappa_floor(m, R, vbuf, kappa, ist[_ANCHOR]))
             if v <= REPAIR_FACTOR * fs[1] * kappa:
                 continue
         worst = v
@@ -872,7 +905,7 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
             _leave(who, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
         else:
             kappa = _schur(m, S, KSt, R, who, bk, r)
-            if kappa < KAPPA_TOL:
+            if kappa < kappa_floor(m, R, r, kappa, anchor):
                 blocked[who] = epoch
                 ist[_REFUSED] += 1
             else:
