@@ -105,7 +105,11 @@ class _AppConnection:
         payload = b"".join(m.get("body", b"") for m in sent[1:])
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in sent[0]["headers"]}
         self._pending = _Response(sent[0]["status"], headers, payload)
-        self._log.append((method, target, sent[0]["status"], json.loads(payload)))
+        try:
+            answer = json.loads(payload)
+        except ValueError:  # the page
+            answer = payload.decode("utf-8")
+        self._log.append((method, target, sent[0]["status"], answer))
 
     def getresponse(self):
         response, self._pending = self._pending, None

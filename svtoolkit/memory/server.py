@@ -86,6 +86,7 @@ class _RecordIdConvertor(Convertor):
         return str(value)
 
 
+# Starlette keeps one registry of convertors per process: the name is this package's
 register_url_convertor("svtoolkit_record_id", _RecordIdConvertor())
 _RECORD_PATH = "/records/{record_id:svtoolkit_record_id}"
 
