@@ -6,11 +6,13 @@ error mapping, the security rules and the durability rule are in ``docs/memory_s
 the state rules (one writer, saved before acknowledged, a refused request changes nothing,
 receipts) are those of :class:`svtoolkit.memory._service.MemoryService`.
 
+The endpoints are one table, :data:`ROUTES`; :data:`router` is built from it and every
+handler is a module-level function that gets the app's service as a FastAPI dependency.
+:func:`create_app` puts the router into an app with one service, inside the token guard.
+
 Needs the optional extra ``serve`` (FastAPI and uvicorn): ``pip install 'svtoolkit[serve]'``.
 """
 
-# no ``from __future__ import annotations``: FastAPI reads the handlers' annotations
-# (``fastapi.Request``, imported lazily) as objects
 import base64
 import hashlib
 import hmac
@@ -21,15 +23,30 @@ import re
 import socket
 import sys
 import traceback
+from typing import Annotated, Callable, NamedTuple
+
+try:
+    import uvicorn
+    from fastapi import APIRouter, Depends, FastAPI, Request
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from starlette.convertors import Convertor, register_url_convertor
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
+except ImportError as exc:
+    raise ImportError("the memory server (svtoolkit memory serve) needs FastAPI and uvicorn, "
+                      "which are not installed: pip install 'svtoolkit[serve]'") from exc
 
 from ..exact import SolverFailure
-from ._codec import MAX_VALUE_BYTES
 from ..exact._warmup import warm_walk
+from ._codec import MAX_VALUE_BYTES
 from ._service import (DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE, MemoryService,
                        ServiceUnavailable, StoreChangedError, TooLarge)
+from .client import MIN_TOKEN_CHARS, _TOKEN
 
-__all__ = ["create_app", "serve", "DEFAULT_PORT", "DEFAULT_MAX_BODY_BYTES",
-           "DEFAULT_REQUEST_TIMEOUT", "MAX_WAITING_PER_CLIENT", "MAX_CONNECTIONS"]
+__all__ = ["create_app", "serve", "router", "ROUTES", "Endpoint", "DEFAULT_PORT",
+           "DEFAULT_MAX_BODY_BYTES", "DEFAULT_REQUEST_TIMEOUT", "MAX_WAITING_PER_CLIENT",
+           "MAX_CONNECTIONS"]
 
 #: TCP port :func:`serve` listens on by default.
 DEFAULT_PORT = 8765
@@ -48,20 +65,31 @@ _OPEN_PATHS = frozenset({"/health", "/"})
 _COMMON_HEADERS = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"),
                    (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY")]
 _INT = re.compile(r"[0-9]{1,18}")
-_RECORD_PREFIX = "/records/"
-_RECORD_ROUTE = "/records/-"  # every /records/{id} request, its id under _RECORD_ID
-_RECORD_ID = "svtoolkit.record_id"
 
 
-def _require_framework():
-    try:
-        import fastapi
-        import uvicorn
-    except ImportError as exc:
-        raise ImportError("the memory server (svtoolkit memory serve) needs FastAPI and "
-                          "uvicorn, which are not installed: pip install 'svtoolkit[serve]'"
-                          ) from exc
-    return fastapi, uvicorn
+class _RecordIdConvertor(Convertor):
+    """The ``{record_id}`` of ``/records/{record_id}``: everything after ``/records/``.
+
+    uvicorn hands the path over percent-decoded, so an id (which may hold any character) can
+    bring ``/`` and newlines into it. Starlette's own ``path`` convertor is ``.*``, which stops
+    at a newline, and its route patterns end in ``$``, which also matches just before a final
+    newline: ``/records/a%0A`` would be the record ``"a"``. ``(?s:.*)`` takes newlines too and,
+    greedy, runs to the end of the path, so the whole rest is the id (the empty one included,
+    which the service refuses as unknown).
+    """
+
+    regex = r"(?s:.*)"
+
+    def convert(self, value):
+        return value
+
+    def to_string(self, value):
+        return str(value)
+
+
+# Starlette keeps one registry of convertors per process: the name is this package's
+register_url_convertor("svtoolkit_record_id", _RecordIdConvertor())
+_RECORD_PATH = "/records/{record_id:svtoolkit_record_id}"
 
 
 class _HTTPError(Exception):
@@ -114,7 +142,7 @@ async def _send_json(send, status, payload, headers=()):
 
 
 class _Guard:
-    """ASGI middleware: the bearer token (constant-time check) and security headers."""
+    """ASGI middleware: the Host check, the bearer token (constant-time) and security headers."""
 
     def __init__(self, app, token, page_policy):
         self.app = app
@@ -156,11 +184,6 @@ class _Guard:
                          "through another name are refused: DNS rebinding)",
                 "type": "MisdirectedRequest"})
             return None
-        if path.startswith(_RECORD_PREFIX):
-            # the id is taken here, not by a route pattern: Starlette's patterns stop at a
-            # newline and accept one at the end, so "a\n" would match as "a"
-            scope = {**scope, "path": _RECORD_ROUTE, "raw_path": _RECORD_ROUTE.encode(),
-                     _RECORD_ID: path[len(_RECORD_PREFIX):]}
         if path not in _OPEN_PATHS and not self._authorized(scope):
             await _send_json(send_with_headers, 401, {
                 "error": "a valid bearer token is required (Authorization: Bearer TOKEN)",
@@ -170,7 +193,7 @@ class _Guard:
         return await self.app(scope, receive, send_with_headers)
 
 
-def _page():
+def _audit_page():
     """The audit page and its Content-Security-Policy (inline code allowed by its hash only)."""
     html = importlib.resources.files(__package__).joinpath("_page.html").read_text("utf-8")
 
@@ -216,6 +239,202 @@ def _bool_param(params, name, default, *, levels=False):
     raise ValueError(f"{name} must be true or false; got {text!r}")
 
 
+# ------------------------------------------------------------------ answering a request
+def _error(exc):
+    """The JSON error answer of an exception (500s print their traceback to stderr)."""
+    status = _status_of(exc)
+    if status == 500:
+        traceback.print_exception(exc, file=sys.stderr)
+    return JSONResponse({"error": _message_of(exc),
+                         "type": getattr(exc, "kind", type(exc).__name__)}, status)
+
+
+async def _body_of(request):
+    """The request's JSON body, at most ``app.state.max_body_bytes`` long (413 beyond)."""
+    limit = request.app.state.max_body_bytes
+    length = request.headers.get("content-length")
+    if length is not None and (not _INT.fullmatch(length) or int(length) > limit):
+        raise _HTTPError(413, f"request body larger than {limit} bytes", "TooLarge")
+    data = bytearray()
+    try:
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise _HTTPError(413, f"request body larger than {limit} bytes", "TooLarge")
+    except ClientDisconnect:  # gone mid-body (or dropped for being slow): nothing to do
+        raise _HTTPError(400, "the client disconnected before sending the whole body",
+                         "ClientDisconnect") from None
+    try:
+        return json.loads(bytes(data).decode("utf-8"))
+    except RecursionError:
+        raise _HTTPError(400, "request body is nested too deeply", "ValueError") from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
+        raise _HTTPError(400, f"request body is not valid JSON: {exc}", "ValueError") from None
+
+
+async def _call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in the thread pool, as a JSON answer or a JSON error."""
+    try:
+        return JSONResponse(await run_in_threadpool(fn, *args, **kwargs))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
+        return _error(exc)
+
+
+async def _with_body(request, fn, *args):
+    """``fn(*args, body)`` for a request with a JSON body and no query parameters."""
+    try:
+        _query_params(request, ())
+        body = await _body_of(request)
+    except Exception as exc:  # noqa: BLE001
+        return _error(exc)
+    return await _call(fn, *args, body)
+
+
+def _paged(request, fn):
+    """``fn(offset, limit)`` from the query parameters ``offset`` and ``limit``."""
+    params = _query_params(request, ("offset", "limit"))
+    return fn(_int_param(params, "offset", 0), _int_param(params, "limit", DEFAULT_PAGE))
+
+
+def _plain(request, fn, *args):
+    """``fn(*args)`` for a request that takes no query parameters."""
+    _query_params(request, ())
+    return fn(*args)
+
+
+async def _service(request: Request):
+    """The app's :class:`~svtoolkit.memory._service.MemoryService` (a FastAPI dependency;
+    a coroutine, since FastAPI runs a plain function dependency in its thread pool)."""
+    return request.app.state.service
+
+
+#: A handler's parameter that receives the app's service.
+_Service = Annotated[MemoryService, Depends(_service)]
+
+
+# ------------------------------------------------------------------ the handlers
+# Each takes the request (its query parameters and body), the service (a dependency) and, on
+# /records/{id}, the record id, and answers JSON (what it reads and answers: its route's row in
+# docs/memory_server.md). The work runs in the thread pool; a failure is a JSON error.
+async def health():
+    """``{"status": "ok"}``; says nothing about the store."""
+    return JSONResponse({"status": "ok"})
+
+
+async def audit_page(request: Request):
+    """The audit page (static HTML, no data)."""
+    return HTMLResponse(request.app.state.page)
+
+
+async def list_records(request: Request, service: _Service):
+    """A page of held records (``?offset``, ``?limit``): :meth:`MemoryService.records`."""
+    return await _call(_paged, request, service.records)
+
+
+async def add_record(request: Request, service: _Service):
+    """Store the body's record: :meth:`MemoryService.add`."""
+    return await _with_body(request, service.add)
+
+
+async def get_record(request: Request, service: _Service, record_id: str):
+    """One held record: :meth:`MemoryService.record`."""
+    return await _call(_plain, request, service.record, record_id)
+
+
+async def edit_record(request: Request, service: _Service, record_id: str):
+    """Edit a record as the body says: :meth:`MemoryService.edit`."""
+    return await _with_body(request, service.edit, record_id)
+
+
+def _forget(request, service, record_id):
+    params = _query_params(request, ("audit", "verify"))
+    return service.forget(record_id, audit=_bool_param(params, "audit", False),
+                          verify=_bool_param(params, "verify", True, levels=True))
+
+
+async def forget_record(request: Request, service: _Service, record_id: str):
+    """Forget a record (``?audit``, ``?verify``): :meth:`MemoryService.forget`."""
+    return await _call(_forget, request, service, record_id)
+
+
+async def query(request: Request, service: _Service):
+    """The records nearest to the body's key or text: :meth:`MemoryService.query`."""
+    return await _with_body(request, service.query)
+
+
+async def evict(request: Request, service: _Service):
+    """Certified eviction of reserve records: :meth:`MemoryService.evict`."""
+    return await _with_body(request, service.evict)
+
+
+async def audit(request: Request, service: _Service):
+    """A fresh audit of the held records: :meth:`MemoryService.audit`."""
+    return await _call(_plain, request, service.audit)
+
+
+async def latest_audit(request: Request, service: _Service):
+    """The last audit's result, recomputing nothing: :meth:`MemoryService.latest_audit`."""
+    return await _call(_plain, request, service.latest_audit)
+
+
+async def receipts(request: Request, service: _Service):
+    """A page of the receipt log (``?offset``, ``?limit``): :meth:`MemoryService.receipts`."""
+    return await _call(_paged, request, service.receipts)
+
+
+async def _http_error(request, exc):
+    """Unknown paths and methods (404, 405) as JSON errors."""
+    return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}",
+                         "type": "HTTPError"}, exc.status_code)
+
+
+class Endpoint(NamedTuple):
+    """One route of the server.
+
+    Attributes
+    ----------
+    method : str
+        The HTTP method (only this one: no implicit ``HEAD``).
+    path : str
+        The route's path; ``{record_id:svtoolkit_record_id}`` is a record id, every character
+        after ``/records/`` (the client percent-encodes it, the server gets it decoded).
+    handler : callable
+        The module-level coroutine function answering it: ``handler(request, service)``
+        (``record_id`` too on a record path; ``/health`` takes nothing) -> a response.
+    summary : str
+        What the route does, in a few words.
+    """
+
+    method: str
+    path: str
+    handler: Callable
+    summary: str
+
+
+#: Every route of the server, in the order of the table in ``docs/memory_server.md``.
+ROUTES = (
+    Endpoint("POST", "/records", add_record, "store a record"),
+    Endpoint("GET", "/records", list_records, "list held records, paged"),
+    Endpoint("GET", _RECORD_PATH, get_record, "one held record"),
+    Endpoint("PATCH", _RECORD_PATH, edit_record, "exact edit; its receipt"),
+    Endpoint("DELETE", _RECORD_PATH, forget_record, "exact deletion; its receipt"),
+    Endpoint("POST", "/query", query, "the nearest supporting records"),
+    Endpoint("POST", "/evict", evict, "certified eviction of reserve records"),
+    Endpoint("GET", "/audit", audit, "recompute the certificate (a fresh solve)"),
+    Endpoint("GET", "/audit/latest", latest_audit, "the last audit, recomputing nothing"),
+    Endpoint("GET", "/receipts", receipts, "the receipt log, paged"),
+    Endpoint("GET", "/health", health, "health probe (no token)"),
+    Endpoint("GET", "/", audit_page, "the audit page (no token)"),
+)
+
+#: The router of :data:`ROUTES` (what :func:`create_app` serves).
+router = APIRouter()
+for _route in ROUTES:
+    router.add_api_route(_route.path, _route.handler, methods=[_route.method],
+                         summary=_route.summary)
+del _route
+
+
 def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BODY_BYTES,
                max_value_bytes=DEFAULT_MAX_VALUE_BYTES, encoder=None, encoder_threads=1):
     """The ASGI application serving one store.
@@ -242,17 +461,10 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
     Returns
     -------
     ASGI application
-        The FastAPI app inside the token guard; its ``service`` attribute is the
-        :class:`~svtoolkit.memory._service.MemoryService`.
+        The FastAPI app of :data:`router` inside the token guard; its ``service`` attribute is
+        the :class:`~svtoolkit.memory._service.MemoryService` (also the app's
+        ``state.service``, which the handlers get).
     """
-    fastapi, _ = _require_framework()
-    from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import HTMLResponse, JSONResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-    from starlette.requests import ClientDisconnect
-
-    from .client import MIN_TOKEN_CHARS, _TOKEN
-
     if not isinstance(token, str) or not _TOKEN.fullmatch(token) or \
             len(token) < MIN_TOKEN_CHARS:
         raise ValueError(f"token must be at least {MIN_TOKEN_CHARS} visible ASCII characters")
@@ -265,122 +477,13 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
                          f"bound on a value); got {max_value_bytes}")
     service = MemoryService(store, signing_key=signing_key, max_value_bytes=max_value_bytes,
                             encoder=encoder, encoder_threads=encoder_threads)
-    html, policy = _page()
-    app = fastapi.FastAPI(title="svtoolkit memory", docs_url=None, redoc_url=None,
-                          openapi_url=None)
+    html, policy = _audit_page()
+    app = FastAPI(title="svtoolkit memory", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(router)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.state.service = service
-
-    def error(exc):
-        status = _status_of(exc)
-        if status == 500:
-            traceback.print_exception(exc, file=sys.stderr)
-        return JSONResponse({"error": _message_of(exc),
-                             "type": getattr(exc, "kind", type(exc).__name__)}, status)
-
-    async def body_of(request):
-        length = request.headers.get("content-length")
-        if length is not None and (not _INT.fullmatch(length) or int(length) > max_body_bytes):
-            raise _HTTPError(413, f"request body larger than {max_body_bytes} bytes",
-                             "TooLarge")
-        data = bytearray()
-        try:
-            async for chunk in request.stream():
-                data += chunk
-                if len(data) > max_body_bytes:
-                    raise _HTTPError(413, f"request body larger than {max_body_bytes} bytes",
-                                     "TooLarge")
-        except ClientDisconnect:  # gone mid-body (or dropped for being slow): nothing to do
-            raise _HTTPError(400, "the client disconnected before sending the whole body",
-                             "ClientDisconnect") from None
-        try:
-            return json.loads(bytes(data).decode("utf-8"))
-        except RecursionError:
-            raise _HTTPError(400, "request body is nested too deeply", "ValueError") from None
-        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
-            raise _HTTPError(400, f"request body is not valid JSON: {exc}",
-                             "ValueError") from None
-
-    async def call(fn, *args, **kwargs):
-        try:
-            return JSONResponse(await run_in_threadpool(fn, *args, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
-            return error(exc)
-
-    async def with_body(request, fn, *args):
-        try:
-            _query_params(request, ())
-            body = await body_of(request)
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
-        return await call(fn, *args, body)
-
-    def paged(request, fn):
-        params = _query_params(request, ("offset", "limit"))
-        return fn(_int_param(params, "offset", 0), _int_param(params, "limit", DEFAULT_PAGE))
-
-    def plain(request, fn, *args):
-        _query_params(request, ())
-        return fn(*args)
-
-    @app.get("/health")
-    async def health():
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/")
-    async def page():
-        return HTMLResponse(html)
-
-    @app.get("/records")
-    async def list_records(request: fastapi.Request):
-        return await call(paged, request, service.records)
-
-    @app.post("/records")
-    async def add(request: fastapi.Request):
-        return await with_body(request, service.add)
-
-    @app.get(_RECORD_ROUTE)
-    async def get_record(request: fastapi.Request):
-        return await call(plain, request, service.record, request.scope[_RECORD_ID])
-
-    @app.patch(_RECORD_ROUTE)
-    async def edit(request: fastapi.Request):
-        return await with_body(request, service.edit, request.scope[_RECORD_ID])
-
-    @app.delete(_RECORD_ROUTE)
-    async def forget(request: fastapi.Request):
-        record_id = request.scope[_RECORD_ID]
-
-        def run():
-            params = _query_params(request, ("audit", "verify"))
-            return service.forget(record_id, audit=_bool_param(params, "audit", False),
-                                  verify=_bool_param(params, "verify", True, levels=True))
-        return await call(run)
-
-    @app.post("/query")
-    async def query(request: fastapi.Request):
-        return await with_body(request, service.query)
-
-    @app.post("/evict")
-    async def evict(request: fastapi.Request):
-        return await with_body(request, service.evict)
-
-    @app.get("/audit")
-    async def audit(request: fastapi.Request):
-        return await call(plain, request, service.audit)
-
-    @app.get("/audit/latest")
-    async def latest_audit(request: fastapi.Request):
-        return await call(plain, request, service.latest_audit)
-
-    @app.get("/receipts")
-    async def receipts(request: fastapi.Request):
-        return await call(paged, request, service.receipts)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def not_found(request, exc):  # unknown paths and methods, as JSON errors
-        return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}",
-                             "type": "HTTPError"}, exc.status_code)
-
+    app.state.max_body_bytes = max_body_bytes
+    app.state.page = html
     guard = _Guard(app, token, policy)
     guard.service = service
     return guard
@@ -509,7 +612,6 @@ def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None
             not 0 < request_timeout < float("inf"):
         raise ValueError(f"request_timeout must be a number of seconds > 0; got "
                          f"{request_timeout!r}")
-    _, uvicorn = _require_framework()
     app = create_app(store, token=token, signing_key=signing_key,
                      max_body_bytes=max_body_bytes, max_value_bytes=max_value_bytes,
                      encoder_threads=encoder_threads)
