@@ -1,6 +1,6 @@
 """Tolerances and fixed settings that more than one module of svtoolkit relies on.
 
-Constants only, and no imports, so that every module (the Numba kernels included: they read
+Constants (and the one feasibility predicate built on them) with no imports, so that every module (the Numba kernels included: they read
 module globals when they are compiled) can take them from here without an import cycle. A
 tolerance that only one module uses is defined in that module (the walk's own tolerances are
 in :mod:`svtoolkit.exact._walk`, with the table in ``docs/exact_solver.md``).
@@ -22,6 +22,27 @@ Changing a value here changes compiled kernels: clear the Numba cache (``__pycac
 FEASIBILITY_TOL = 1e-15
 #: A problem with m keys is feasible when ``m C >= FEASIBLE_FROM`` (float64 product).
 FEASIBLE_FROM = 1.0 - FEASIBILITY_TOL
+
+
+def feasible(n, C):
+    """Whether ``n`` keys with box constraint ``C`` can carry ``sum(a) = 1``.
+
+    The one feasibility rule of the SVDD dual (``0 <= a_i <= C``, ``sum(a) = 1``): the
+    float64 product ``n C >= FEASIBLE_FROM``. Below it the problem is in warm-up. Compiled
+    kernels cannot call Python functions and compare with :data:`FEASIBLE_FROM` themselves.
+
+    Parameters
+    ----------
+    n : int
+        Number of keys (>= 0).
+    C : float
+        Box constraint.
+
+    Returns
+    -------
+    bool
+    """
+    return float(n) * float(C) >= FEASIBLE_FROM
 
 # --- rest state of the exact solver (and the reference's canonical form) -----------------------
 #: A margin coefficient within ``BOUND_SNAP * C`` of a bound is at that bound (the residue of

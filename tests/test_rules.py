@@ -22,8 +22,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "svtoolkit"
 def test_rules_module_has_constants_only_and_no_imports():
     tree = ast.parse((PACKAGE / "_rules.py").read_text())
     for node in tree.body:
-        assert not isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                     ast.ClassDef)), ast.dump(node)[:80]
+        assert not isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)), \
+            ast.dump(node)[:80]
+    functions = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert functions == ["feasible"]
     names = [n for n in vars(_rules) if n.isupper()]
     assert {"FEASIBILITY_TOL", "FEASIBLE_FROM", "BATCHED_PARTITION_TOL",
             "IPM_PARTITION_TOL", "RIDGE", "POWER_ITERS", "PROJECTION_MAX_ITER"} <= set(names)
@@ -50,6 +52,18 @@ def test_feasibility_tolerance_is_one_home():
         assert "_walk import FEASIBILITY_TOL" not in text, name
         for literal in ("1.0 - 1e-12", "> 1e-12", "1e-12) + 2"):
             assert literal not in text, (name, literal)
+
+
+@pytest.mark.parametrize("n", [1, 2, 49, 54, 98, 103, 1000])
+def test_feasible_is_the_float64_rule_at_and_around_one(n):
+    """``feasible`` is ``n C >= 1 - FEASIBILITY_TOL`` in float64, on both sides of n C = 1."""
+    C = 1.0 / n
+    assert _rules.feasible(n, C) and _rules.feasible(n, np.float64(C))
+    assert _rules.feasible(np.int64(n), C)
+    assert _rules.feasible(n, np.nextafter(C, 0.0))          # a few ulps below: still feasible
+    assert not _rules.feasible(n, C * (1.0 - 1e-13))         # a real shortfall: warm-up
+    assert not _rules.feasible(n - 1, C)
+    assert not _rules.feasible(0, 1.0)
 
 
 def test_the_two_partition_thresholds_have_different_names():
