@@ -20,7 +20,8 @@ Verdicts:
 * ``not run`` - nothing in the repository measures the claim at its setting.
 
 Run ``python -m svtoolkit.experiments.ledger`` to refresh the measured values and rewrite the
-two documents; ``--check`` changes nothing and exits 1 when anything is out of step.
+two documents, and the study tables that README.md and docs/ show (:mod:`.embed`); ``--check``
+changes nothing and exits 1 when anything is out of step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import math
 from pathlib import Path
 
 from ..stats import clopper_pearson
+from .embed import DOCUMENTS, embed
 
 __all__ = ["VERDICTS", "load", "markdown", "problems", "readme_section", "refresh", "resolve"]
 
@@ -294,7 +296,12 @@ def main(argv=None):
     ledger_text = json.dumps(entries, indent=1, ensure_ascii=False) + "\n"
     doc_text = markdown(entries)
     readme_text = _with_section((root / README).read_text(), readme_section(entries))
-    outputs = ((root / LEDGER, ledger_text), (root / DOC, doc_text), (root / README, readme_text))
+    outputs = {root / LEDGER: ledger_text, root / DOC: doc_text, root / README: readme_text}
+    for name in DOCUMENTS:  # the studies' tables shown in README.md and docs/
+        path = root / name
+        if path.exists():
+            outputs[path] = embed(outputs.get(path, path.read_text()), root)
+    outputs = tuple(outputs.items())
     if args.check:
         found += [f"{path} is not what the ledger generates" for path, text in outputs
                   if not path.exists() or path.read_text() != text]
