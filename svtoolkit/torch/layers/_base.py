@@ -8,6 +8,8 @@ also exposes the op's carried state:
 * ``step(x_t, state=None) -> (y_t, state)`` -- one token, x_t of shape (B, d_model).
 
 Splitting a sequence into pieces (or single tokens) gives the same outputs as one forward.
+The head and input checks and ``step`` are the framework-neutral ones of
+:mod:`svtoolkit._layer_core` (shared with the MLX twins of the SV layers).
 
 Rotary positions (:mod:`svtoolkit.torch.rotary`) are an explicit option of the layers whose
 class sets ``supports_rotary`` (the softmax family, Infini-attention, Tensor Cache):
