@@ -139,9 +139,9 @@ PROFILED = (
     ("svtoolkit.torch.ops.chunked_sv", "_prefix_fista", "FISTA partition finder (Numba)"),
     ("svtoolkit.torch.ops.chunked_sv", "partition_masks", "partition masks"),
     ("svtoolkit.torch.ops.chunked_sv", "ridged_svdd_solve", "ridged bordered solve"),
-    ("svtoolkit.torch.layers.sv", "sv_hybrid_readout", "readout (hybrid)"),
-    ("svtoolkit.torch.layers.sv", "sv_rbf_readout", "readout (RBF)"),
-    ("svtoolkit.torch.layers.sv", "sv_gate", "sv_gate (other work)"),
+    ("svtoolkit.torch.layers._tensor_ops", "sv_hybrid_readout", "readout (hybrid)"),
+    ("svtoolkit.torch.layers._tensor_ops", "sv_rbf_readout", "readout (RBF)"),
+    ("svtoolkit.torch.layers._tensor_ops", "sv_gate", "sv_gate (other work)"),
 )
 
 

@@ -21,7 +21,7 @@ FLOORS = (
     ("kernels", "_fista", "data", "corpora", "tasks", "stats", "sweep", "embeddings",
      "_minilm"),
     ("exact",),
-    ("memory", "reference", "sklearn", "_gate_core"),
+    ("memory", "reference", "sklearn", "_gate_core", "_layer_core"),
     ("torch", "mlx", "selection"),
     ("experiments",),
     ("_warmup", "cli", "__main__", "__init__"),

@@ -8,6 +8,8 @@ also exposes the op's carried state:
 * ``step(x_t, state=None) -> (y_t, state)`` -- one token, x_t of shape (B, d_model).
 
 Splitting a sequence into pieces (or single tokens) gives the same outputs as one forward.
+The head and input checks and ``step`` are the framework-neutral ones of
+:mod:`svtoolkit._layer_core` (shared with the MLX twins of the SV layers).
 
 Rotary positions (:mod:`svtoolkit.torch.rotary`) are an explicit option of the layers whose
 class sets ``supports_rotary`` (the softmax family, Infini-attention, Tensor Cache):
@@ -23,8 +25,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops._common import check_positive_int
+from ..._layer_core import check_heads, check_sequence, step_token
 from ..rotary import DEFAULT_BASE, apply_rotary, ntk_base
+from . import _tensor_ops
 
 __all__ = ["HeadsAttention"]
 
@@ -54,16 +57,7 @@ class HeadsAttention(nn.Module):
         self, d_model: int, n_heads: int, *, head_dim: int | None = None, bias: bool = False
     ):
         super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("n_heads", n_heads)
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"d_model ({d_model}) must be divisible by n_heads ({n_heads}), "
-                    "or pass head_dim="
-                )
-            head_dim = d_model // n_heads
-        check_positive_int("head_dim", head_dim)
+        head_dim = check_heads(d_model, n_heads, head_dim)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         inner = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=bias)
@@ -106,20 +100,11 @@ class HeadsAttention(nn.Module):
 
     def _heads(self, y: torch.Tensor) -> torch.Tensor:
         """(B, T, H*D) -> (B, T, H, D)."""
-        return y.unflatten(-1, (self.n_heads, self.head_dim))
+        return _tensor_ops.split_heads(y, self.n_heads, self.head_dim)
 
     def _check_input(self, x: torch.Tensor) -> None:
         """Check x is a floating-point (B, T, d_model) tensor with T >= 1."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a floating-point tensor; got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise TypeError(f"x must be a floating-point tensor; got dtype {x.dtype}")
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"x must have shape (B, T, d_model={self.d_model}); got {tuple(x.shape)}"
-            )
-        if x.shape[1] == 0:
-            raise ValueError("the sequence is empty (T = 0); pass at least one token")
+        check_sequence(x, self.d_model, _tensor_ops)
 
     def _run(self, x, state, want_state, ntk_factor=1.0):
         self._check_input(x)
@@ -144,10 +129,6 @@ class HeadsAttention(nn.Module):
 
     def step(self, x_t: torch.Tensor, state=None, *, ntk_factor: float = 1.0):
         """One token: x_t (B, d_model) -> (y_t (B, d_model), state)."""
-        if not isinstance(x_t, torch.Tensor) or x_t.ndim != 2:
-            shape = tuple(x_t.shape) if isinstance(x_t, torch.Tensor) else type(x_t).__name__
-            raise ValueError(f"x_t must have shape (B, d_model={self.d_model}); got {shape}")
         # subclasses without rotary (the SV layers) take no ntk_factor keyword
         options = {} if ntk_factor == 1.0 else {"ntk_factor": ntk_factor}
-        y, state = self.forward_with_state(x_t[:, None], state, **options)
-        return y[:, 0], state
+        return step_token(self, x_t, state, _tensor_ops, **options)

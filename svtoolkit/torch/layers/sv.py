@@ -57,39 +57,20 @@ autograd and the state stores detached keys and values (train with ``forward``).
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
-import torch
-import torch.nn.functional as F
-
-from ..._gate_core import (
-    GATE_MODES,
-    GATE_UPDATES,
-    PREFIX_WEIGHTINGS,
-    QK_NORMS,
-    ExactStream,
-    GateOptions,
-    default_sigma,
-    unsupported_dtype,
+from ..._layer_core import (
+    HybridSVLayerCore,
+    SVLayerCore,
+    SVStreamCore,
+    check_switches,
+    gate_spacing,
 )
-from ..._validation import check_int, check_option
-from ..ops.chunked_sv import (
-    exact_sv_gate,
-    sv_gate,
-    sv_hybrid_readout,
-    sv_rbf_readout,
-    uniform_sv_gate,
-)
+from . import _tensor_ops
 from ._base import HeadsAttention
 
 __all__ = ["CausalSVAttention", "HybridSVAttention", "SVStreamState"]
 
-#: dtypes of the inputs and weights the SV layers compute in (the exact gate is fp64 inside).
-SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
-
-class CausalSVAttention(HeadsAttention):
+class CausalSVAttention(SVLayerCore, HeadsAttention):
     """Chunk-frozen SV-Attention: each chunk's queries read the SVDD gate of the causal prefix.
 
     Parameters
@@ -133,40 +114,15 @@ class CausalSVAttention(HeadsAttention):
     has no half-precision kernels).
     """
 
-    hybrid = False
-
-    prefix_weighting = "normalized"
+    # the control flow is svtoolkit._layer_core's; these are the tensor operations it runs on
+    ops = _tensor_ops
 
     def __init__(self, d_model, n_heads, *, C=0.25, sigma=None, chunk=64, fista_iters=80,
                  ridge=1e-3, gate="svdd", gate_update="chunk", qk_norm="rms", **options):
-        gate = check_option(gate, "gate", GATE_MODES)
-        gate_update = check_option(gate_update, "gate_update", GATE_UPDATES)
-        qk_norm = check_option(qk_norm, "qk_norm", QK_NORMS)
+        switches = check_switches(gate, gate_update, qk_norm)
         super().__init__(d_model, n_heads, **options)
-        gate_options = GateOptions(
-            C=C, sigma=default_sigma(qk_norm, self.head_dim) if sigma is None else sigma,
-            chunk=chunk, ridge=ridge)
-        fista_iters = check_int(fista_iters, "fista_iters", min=1)
-        self.gate_mode, self.gate_update, self.qk_norm = gate, gate_update, qk_norm
-        #: the checked options of the gate (framework-neutral, shared with the MLX layers)
-        self.gate_options = dataclasses.replace(gate_options, iters=fista_iters)
-        self.C, self.sigma, self.chunk = gate_options.C, gate_options.sigma, gate_options.chunk
-        self.fista_iters, self.ridge = fista_iters, gate_options.ridge
-
-    # ------------------------------------------------------------------ projections
-    def _check_input(self, x):
-        """The base checks, then float32/float64 for x and the weights."""
-        super()._check_input(x)
-        weight = self.q_proj.weight.dtype
-        if x.dtype not in SUPPORTED_DTYPES or weight not in SUPPORTED_DTYPES:
-            raise TypeError(unsupported_dtype(type(self).__name__, x.dtype, weight))
-
-    def _qkv(self, x):
-        self._check_input(x)
-        q, k, v = (self._heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        if self.qk_norm == "none":
-            return q, k, v
-        return F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,)), v
+        self._set_gate_options(switches, C=C, sigma=sigma, chunk=chunk,
+                               fista_iters=fista_iters, ridge=ridge)
 
     def extra_repr(self):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
@@ -176,23 +132,7 @@ class CausalSVAttention(HeadsAttention):
     @property
     def gate_chunk(self):
         """Spacing of the gate boundaries: ``chunk``, or 1 with ``gate_update="token"``."""
-        return 1 if self.gate_update == "token" else self.chunk
-
-    def _readout(self, q, k, v, gate, exclude):
-        if self.hybrid:
-            return sv_hybrid_readout(q, k, v, gate, chunk=self.gate_chunk, exclude=exclude,
-                                     prefix_weighting=self.prefix_weighting)
-        return sv_rbf_readout(q, k, v, gate, sigma=self.sigma, chunk=self.gate_chunk,
-                              exclude=exclude, shift=self.qk_norm == "none")
-
-    def _gate_of(self, k, exact, exclude):
-        if self.gate_mode == "uniform":
-            return uniform_sv_gate(k, C=self.C, chunk=self.gate_chunk, exclude=exclude)
-        if exact:
-            return exact_sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.gate_chunk,
-                                 exclude=exclude)
-        return sv_gate(k, C=self.C, sigma=self.sigma, chunk=self.gate_chunk,
-                       iters=self.fista_iters, ridge=self.ridge, exclude=exclude)
+        return gate_spacing(self.gate_update, self.chunk)
 
     # ------------------------------------------------------------------ the three paths
     def forward(self, x, exclude=None):
@@ -200,20 +140,15 @@ class CausalSVAttention(HeadsAttention):
 
         ``exclude`` (B, T) bool removes tokens from the gates and the readout.
         """
-        q, k, v = self._qkv(x)
-        gate = self._gate_of(k, False, exclude)
-        return self.o_proj(self._readout(q, k, v, gate, exclude).flatten(-2))
+        return self._forward(x, False, exclude)
 
     def forward_exact(self, x, exclude=None):
         """Exact-gate path: the same readout on coefficients from the fp64 exact solver."""
-        q, k, v = self._qkv(x)
-        gate = self._gate_of(k, True, exclude)
-        return self.o_proj(self._readout(q, k, v, gate, exclude).flatten(-2))
+        return self._forward(x, True, exclude)
 
     def gate(self, x, *, exact=False, exclude=None):
         """The gate coefficients of every gate boundary (:class:`SVGate`) for input x."""
-        _, k, _ = self._qkv(x)
-        return self._gate_of(k, exact, exclude)
+        return self._gate_for(x, exact, exclude)
 
     def init_state(self, batch_size, *, budget=None):
         """A fresh exact streaming state for ``batch_size`` sequences (see SVStreamState)."""
@@ -224,17 +159,10 @@ class CausalSVAttention(HeadsAttention):
 
         Inference only: runs without autograd (the outputs carry no graph).
         """
-        self._check_input(x)
-        if state is None:
-            state = self.init_state(x.shape[0])
-        if state.layer is not self or state.batch_size != x.shape[0]:
-            raise ValueError("state belongs to another layer or batch size")
-        with torch.no_grad():
-            outs = [state._push(self, x[:, t]) for t in range(x.shape[1])]
-        return torch.stack(outs, 1), state
+        return self._stream(x, state)
 
 
-class HybridSVAttention(CausalSVAttention):
+class HybridSVAttention(HybridSVLayerCore, CausalSVAttention):
     """SV-Attention with a dense local path (paper Fig. 2b).
 
     A query at t attends with a learned q.k softmax over all of [0, t]: keys of the long-range
@@ -253,16 +181,8 @@ class HybridSVAttention(CausalSVAttention):
         by the gate coefficient") is ``qk_norm="none", prefix_weighting="raw"``.
     """
 
-    hybrid = True
 
-    def __init__(self, d_model, n_heads, *, prefix_weighting="normalized", **options):
-        prefix_weighting = check_option(prefix_weighting, "prefix_weighting",
-                                        PREFIX_WEIGHTINGS)
-        super().__init__(d_model, n_heads, **options)
-        self.prefix_weighting = prefix_weighting
-
-
-class SVStreamState(ExactStream):
+class SVStreamState(SVStreamCore):
     """Exact streaming state of one SV layer for ``batch_size`` sequences.
 
     Per (sequence, head): an :class:`svtoolkit.IncrementalSVDD` over the admitted long-range
@@ -270,9 +190,9 @@ class SVStreamState(ExactStream):
     directly by the hybrid; admitted at the next boundary) and the key and value of every
     position still needed - held by some head's solver or in the current chunk and not
     forgotten. Keys and values are stored detached: streaming is inference only. The
-    bookkeeping (admission, eviction, ``forget``) is framework-neutral
-    (:class:`svtoolkit._gate_core.ExactStream`, shared with the MLX layers); this class adds
-    the torch readout.
+    bookkeeping (admission, eviction, ``forget``, :class:`svtoolkit._gate_core.ExactStream`) and
+    the readout of each token (:mod:`svtoolkit._layer_core`) are framework-neutral, shared with
+    the MLX layers; this class runs them on torch tensors.
 
     Parameters
     ----------
@@ -285,12 +205,6 @@ class SVStreamState(ExactStream):
         such boundaries). A key evicted from every head is dropped from the stored keys and
         values, so the memory stays bounded over an unbounded stream.
     """
-
-    def __init__(self, layer, batch_size, *, budget=None):
-        super().__init__(layer.C, layer.sigma, layer.gate_chunk, layer.n_heads, batch_size,
-                         budget=budget, gate=layer.gate_mode,
-                         prefix_weighting=layer.prefix_weighting)
-        self.layer = layer
 
     def forget(self, b, position):
         """Delete token ``position`` of sequence ``b`` from the memory.
@@ -323,45 +237,3 @@ class SVStreamState(ExactStream):
         A refused call changes nothing: every check runs before the first change.
         """
         return super().forget(b, position)
-
-    def _push(self, layer, x_t):
-        """Process one token for every sequence: x_t (B, d_model) -> y_t (B, d_model)."""
-        q, k, v = layer._qkv(x_t[:, None])
-        q, k, v = q[:, 0], k[:, 0], v[:, 0]  # (B, H, D)
-        t = self.begin_token()
-        outs = []
-        for b in range(self.batch_size):
-            self.store(b, t, k[b].detach().to("cpu", torch.float64), v[b].detach())
-            outs.append(self._read(layer, b, q[b]))
-        self.end_token()
-        return layer.o_proj(torch.stack(outs).flatten(-2))
-
-    def _read(self, layer, b, q):
-        """Readout of one query (H, D) of sequence b -> (H, Dv).
-
-        The RBF weights are computed here from coordinate differences of the stored keys (one
-        query against a short list; no Gram block to expand), not by ``rbf_gram``: equal to the
-        ``forward_exact`` readout to rounding (tested to 1e-12 in float64).
-        """
-        outs = []
-        for h in range(layer.n_heads):
-            prefix, mult = self.read_sets(b, h, layer.hybrid)
-            if not prefix:
-                outs.append(torch.zeros_like(self.values[b][self.position][h]))
-                continue
-            keys = torch.stack([self.keys[b][p][h] for p in prefix]).to(q.dtype)
-            values = torch.stack([self.values[b][p][h] for p in prefix])
-            weight = torch.tensor(mult, dtype=q.dtype)
-            if layer.hybrid:
-                logits = keys @ q[h] / math.sqrt(layer.head_dim)
-                weight = weight * torch.exp(logits - logits.max())
-            else:
-                sq = ((keys - q[h]) ** 2).sum(-1)
-                readable = weight > 0
-                if layer.qk_norm == "none" and bool(readable.any()):
-                    # the readout's shift (see sv_rbf_readout); unreadable keys unshifted
-                    sq = torch.where(readable, sq - sq[readable].min(), sq)
-                weight = weight * torch.exp(-sq / layer.sigma**2)
-            total = weight.sum()
-            outs.append(weight @ values / total if total > 0 else torch.zeros_like(values[0]))
-        return torch.stack(outs)
