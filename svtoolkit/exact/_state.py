@@ -109,10 +109,10 @@ def check_state(state, n, m, d, solver):
     S = state_ints(state, "S", (m,))
     ist = state_ints(state, "ist", (W.IST_SIZE,))
     fs = np.asarray(state["fs"], dtype=np.float64)
-    if fs.shape != (4,):
-        raise ValueError(f"state['fs'] has shape {fs.shape}, expected (4,)")
-    if not (np.isfinite(fs[0]) and fs[1] == solver._fs[1] and fs[2] == solver._fs[2]
-            and fs[3] > 0.0):
+    if fs.shape != (W.FS_SIZE,):
+        raise ValueError(f"state['fs'] has shape {fs.shape}, expected ({W.FS_SIZE},)")
+    if not (np.isfinite(fs[W._RHO]) and fs[W._C] == solver._fs[W._C] and fs[W._INV_SIGMA2] == solver._fs[W._INV_SIGMA2]
+            and fs[W._MIN_PIVOT] > 0.0):
         raise ValueError("state['fs'] disagrees with C and sigma or holds a non-finite rho")
     anchor = int(ist[W._ANCHOR])
     if not -1 <= anchor < n or not -1 <= int(ist[W._CUR_C]) < n:

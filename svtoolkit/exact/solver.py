@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._rules import BOUND_SNAP
 from .._validation import as_key, as_keys, check_positive, check_sigma, largest_violation
 from . import _bulk as B
 from . import _walk as W
+from ._rest import remove_and_settle, settle, sum_rounding
 from ._state import (
     INT64_MAX,
     check_state,
@@ -360,7 +362,7 @@ class IncrementalSVDD:
         raise SolverFailure(reason)
 
     def _walk(self, c, mode, kc_ready=False):
-        """Run one exact walk of slot c, then relax any sign violators (see _walk.repair)."""
+        """Run one exact walk of slot c, then relax any sign violators (see _rest.repair)."""
         code = W.walk(*self._arrays(), c, mode, kc_ready, self._event_limit())
         while self._check(code):
             code = W.walk(*self._arrays(), c, mode, False, self._event_limit())
@@ -413,7 +415,7 @@ class IncrementalSVDD:
         self._KSt[0, slot] = 0.0  # K'(anchor, anchor) = k - 1 = 0
         self._R[:2, :2] = [[0.0, 1.0], [1.0, 0.0]]
         self._ist[W._M] = 1
-        self._fs[0] = 0.0  # g_anchor = 2 K'_aa a_a + rho' = rho' = 0, i.e. rho = -1
+        self._fs[W._RHO] = 0.0  # g_anchor = 2 K'_aa a_a + rho' = rho' = 0, i.e. rho = -1
 
     def _feasible(self, n_real):
         return n_real * self._C >= 1.0 - W.FEASIBILITY_TOL
@@ -463,12 +465,12 @@ class IncrementalSVDD:
         self._ist[W._SETTLED] = -1
 
     def _settle(self, polish_allowed=True):
-        """Bring the state to rest in canonical form (see ``_walk.settle``); a caller that has
+        """Bring the state to rest in canonical form (see ``_rest.settle``); a caller that has
         just factorised the inverse and evaluated every gradient passes polish_allowed=False
         (a polish would recompute the same)."""
         limit, repairs = self._event_limit(), 10 * self._n + 10
         while True:
-            code = W.settle(*self._arrays(), limit, repairs, polish_allowed, self._probe_tol)
+            code = settle(*self._arrays(), limit, repairs, polish_allowed, self._probe_tol)
             if code == W.NEED_POLISH:
                 self._polish()
                 polish_allowed = False
@@ -534,7 +536,7 @@ class IncrementalSVDD:
         put at it), the bordered inverse grown over the margin keys from the most interior one
         on (a key dependent on the margin set - Schur complement below KAPPA_TOL - is put at
         its nearer bound, as the walk would keep it), the gradients, and then the walk's own
-        rest state (``_walk.settle``: polish if needed, relaxation of sign violators,
+        rest state (``_rest.settle``: polish if needed, relaxation of sign violators,
         correction walk), which ends on the exact optimum. Accepted only if the KKT residual
         from a fresh evaluation of the keys is at most BULK_KKT_TOL; a landing above it is
         first polished (:meth:`_polish_landing`, up to BULK_POLISH_ROUNDS times). One still not
@@ -590,7 +592,7 @@ class IncrementalSVDD:
         SMO met its tolerance (the landing proceeds from its last iterate either way)."""
         n, C = len(X), self._C
         self._place_keys(X, ids)
-        Kp = B.shifted_gram(self._Xt, n, self._fs[2])
+        Kp = B.shifted_gram(self._Xt, n, self._fs[W._INV_SIGMA2])
         a = B.feasible_start(n, C)
         grad = 2.0 * (Kp @ a)
         converged = B.smo(Kp, C, B.SMO_TOL, 200 * n + 10_000, a, grad) >= 0
@@ -611,7 +613,7 @@ class IncrementalSVDD:
         """
         n, C = len(X), self._C
         self._place_keys(X, ids)
-        inv_s2 = self._fs[2]
+        inv_s2 = self._fs[W._INV_SIGMA2]
         a = B.guess_start(self._Xt, n, inv_s2, C, min(BULK_GUESS_KEYS, n // 8))
         a0 = a.copy()
         g0 = self._kernel_sums(a0)
@@ -630,13 +632,13 @@ class IncrementalSVDD:
         del rows
         grad += self._kernel_sums(a - a_smo)  # the snaps and the keys kept at a bound
         self._rest_from_field(a, grad, ids, factorised)
-        fresh = g0 + self._kernel_sums(self._alpha[:n] - a0) + self._fs[0]
+        fresh = g0 + self._kernel_sums(self._alpha[:n] - a0) + self._fs[W._RHO]
         return self._kkt_from(fresh)
 
     def _kernel_sums(self, coef):
         """2 K' coef over the first n slots, from the keys, summing only coef's nonzeros."""
         idx = np.flatnonzero(coef)
-        return 2.0 * B.kernel_sums(self._Xt, self._n, self._fs[2], idx, coef[idx])
+        return 2.0 * B.kernel_sums(self._Xt, self._n, self._fs[W._INV_SIGMA2], idx, coef[idx])
 
     def _snap_partition(self, a):
         """Read the partition off SMO coefficients (in place); the margin keys, most interior
@@ -666,10 +668,10 @@ class IncrementalSVDD:
         self._alpha[:n] = a
         m = self._m
         margin = self._S[:m]
-        self._fs[0] = -float(field[margin].mean()) if m else -float(field.max())
-        self._grad[:n] = field + self._fs[0]
-        if not np.isfinite(self._fs[3]) or self._fs[3] >= W.POLISH_PIVOT:
-            self._fs[3] = np.inf
+        self._fs[W._RHO] = -float(field[margin].mean()) if m else -float(field.max())
+        self._grad[:n] = field + self._fs[W._RHO]
+        if not np.isfinite(self._fs[W._MIN_PIVOT]) or self._fs[W._MIN_PIVOT] >= W.POLISH_PIVOT:
+            self._fs[W._MIN_PIVOT] = np.inf
         self._ist[W._SETTLED] = -1
         self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
         self._order_cache = None
@@ -688,7 +690,7 @@ class IncrementalSVDD:
                     self._status[k] = W.ERROR if a[k] == C else W.RESERVE
                     continue
                 W._grow(self._R, m, self._bk, kappa)
-                self._fs[3] = min(self._fs[3], kappa)
+                self._fs[W._MIN_PIVOT] = min(self._fs[W._MIN_PIVOT], kappa)
             self._KSt[m, :n] = rows[p]
             self._S[m] = k
             self._spos[k] = m
@@ -799,9 +801,9 @@ class IncrementalSVDD:
         self._after_operation()
 
     def _remove_slot(self, slot, key_id):
-        """Walk slot to 0, delete it and settle: one kernel call (``_walk.remove_and_settle``)
+        """Walk slot to 0, delete it and settle: one kernel call (``_rest.remove_and_settle``)
         unless the walk needs more margin capacity or the settle a polish."""
-        moved, code = W.remove_and_settle(*self._arrays(), slot, self._event_limit(),
+        moved, code = remove_and_settle(*self._arrays(), slot, self._event_limit(),
                                           10 * self._n, self._probe_tol)
         if moved == -2:  # the walk stopped: resume it the usual way
             self._check(code)
@@ -961,7 +963,7 @@ class IncrementalSVDD:
     @property
     def rho(self):
         """The multiplier of sum(a) = 1 (the decision function's offset)."""
-        return float(self._fs[0] - 1.0)  # the walk keeps rho' = rho + 1 (shifted kernel)
+        return float(self._fs[W._RHO] - 1.0)  # the walk keeps rho' = rho + 1 (shifted kernel)
 
     def _ids_with(self, status):
         order = self._order()
@@ -1139,7 +1141,7 @@ class IncrementalSVDD:
         if version == 1:  # unshifted kernel: K' = K - 1, R' = T R, rho' = rho + 1
             solver._KSt[:m, :n] -= 1.0
             solver._R[: m + 1, : m + 1] = shifted_inverse(solver._R[: m + 1, : m + 1])
-            solver._fs[0] += 1.0
+            solver._fs[W._RHO] += 1.0
         solver._ist[:] = ist
         solver._next_id = state_int(state, "next_id", 0, INT64_MAX)
         ids = solver._ids[:n]
@@ -1173,7 +1175,7 @@ class IncrementalSVDD:
             raise ValueError("decision_function needs at least one key in the solver")
         Qt = np.ascontiguousarray(as_keys(X, "X", d=self._d).T)
         out = np.empty(Qt.shape[1])
-        W.decision(Qt, self._Xt, self._alpha, self._n, self._anchor, self._fs[2], self._fs[0],
+        W.decision(Qt, self._Xt, self._alpha, self._n, self._anchor, self._fs[W._INV_SIGMA2], self._fs[W._RHO],
                    out)
         return out
 
@@ -1196,13 +1198,13 @@ class IncrementalSVDD:
         if (self._d or 1) < BLAS_FRESH_MIN_DIM or n * len(support) * self._d < BLAS_FRESH_WORK \
                 or not self._blas_distances_accurate(support):
             if n * len(support) < B.SUM_PARALLEL_PAIRS:
-                W.fresh_gradients(self._Xt, self._alpha, n, anchor, self._fs[2], self._fs[0],
+                W.fresh_gradients(self._Xt, self._alpha, n, anchor, self._fs[W._INV_SIGMA2], self._fs[W._RHO],
                                   out)
                 return out
             # the same sums in the same order, over disjoint ranges of keys in threads
-            out = B.kernel_sums(self._Xt, n, self._fs[2], support, self._alpha[support])
+            out = B.kernel_sums(self._Xt, n, self._fs[W._INV_SIGMA2], support, self._alpha[support])
             W.anchor_terms(self._alpha, n, anchor, out)
-            return 2.0 * out + self._fs[0]
+            return 2.0 * out + self._fs[W._RHO]
         X = self._Xt[:, :n].T
         centre = X[support].mean(axis=0)
         S = X[support] - centre
@@ -1212,9 +1214,9 @@ class IncrementalSVDD:
             block = X[start:start + 1024] - centre
             d2 = np.einsum("ij,ij->i", block, block)[:, None] + sq_s[None, :] - 2.0 * block @ S.T
             np.maximum(d2, 0.0, out=d2)
-            out[start:start + 1024] = np.expm1(-d2 * self._fs[2]) @ coef
+            out[start:start + 1024] = np.expm1(-d2 * self._fs[W._INV_SIGMA2]) @ coef
         W.anchor_terms(self._alpha, n, anchor, out)
-        return 2.0 * out + self._fs[0]
+        return 2.0 * out + self._fs[W._RHO]
 
     def _blas_distances_accurate(self, support):
         """True when every key is within BLAS_FRESH_MAX_SPREAD sigma^2 of the support's mean."""
@@ -1224,7 +1226,7 @@ class IncrementalSVDD:
         with np.errstate(over="ignore", invalid="ignore"):
             centre = X[:, support].mean(axis=1)
             spread = np.einsum("ij,ij->j", X - centre[:, None], X - centre[:, None])
-            return bool(np.all(spread * self._fs[2] <= BLAS_FRESH_MAX_SPREAD))
+            return bool(np.all(spread * self._fs[W._INV_SIGMA2] <= BLAS_FRESH_MAX_SPREAD))
 
     def kkt_residual(self):
         """Largest violation of the KKT conditions, recomputed from the keys.
@@ -1271,11 +1273,11 @@ class IncrementalSVDD:
         """``(pinned, |rho - the rho a fresh solve reports|)`` for gradients g (n,).
 
         The margin coefficients are read as a fresh solve's rest state reads them (within a
-        rounding residue of a bound they are at it: ``_walk.at_upper_bound`` /
+        rounding residue of a bound they are at it: ``_rest.at_upper_bound`` /
         ``at_lower_bound``). While one is free, rho is fixed by f = 0 on it and the offset is
         0. Otherwise rho is optimal anywhere in [max_R (rho - g_i), min_E (rho - g_i)] (the
         residues in the set of their bound) and a fresh solve reports its midpoint, or its
-        finite end (``_walk.recenter_rho``). ``pinned``: the state holds margin keys, all of
+        finite end (``_rest.recenter_rho``). ``pinned``: the state holds margin keys, all of
         them residues - rho then sits where the residue fixed it, not where it belongs.
         During warm-up there is nothing to compare: ``(False, 0.0)``.
         """
@@ -1283,19 +1285,19 @@ class IncrementalSVDD:
         if n == 0 or self._anchor >= 0:
             return False, 0.0
         a, st, C = self._alpha[:n], self._status[:n], self._C
-        sum_tol = W.sum_rounding(self._alpha, n)
+        sum_tol = sum_rounding(self._alpha, n)
         margin = st == W.MARGIN
-        upper = margin & ((a >= C * (1.0 - W.BOUND_SNAP)) | (C - a <= sum_tol))
-        lower = margin & ~upper & ((a <= C * W.BOUND_SNAP) | (a <= sum_tol))
+        upper = margin & ((a >= C * (1.0 - BOUND_SNAP)) | (C - a <= sum_tol))
+        lower = margin & ~upper & ((a <= C * BOUND_SNAP) | (a <= sum_tol))
         if (margin & ~upper & ~lower).any():
             return False, 0.0
-        h = self._fs[0] - g
+        h = self._fs[W._RHO] - g
         lo = float(np.max(h[(st == W.RESERVE) | lower], initial=-np.inf))
         hi = float(np.min(h[(st == W.ERROR) | upper], initial=np.inf))
         if lo == -np.inf and hi == np.inf:
             return bool(margin.any()), 0.0
         choice = hi if lo == -np.inf else lo if hi == np.inf else 0.5 * (lo + hi)
-        return bool(margin.any()), largest_violation([abs(self._fs[0] - choice)])
+        return bool(margin.any()), largest_violation([abs(self._fs[W._RHO] - choice)])
 
     def consistency(self, *, margin_rows=True):
         """Compare the maintained state with a fresh evaluation from the keys; change nothing.
@@ -1327,7 +1329,7 @@ class IncrementalSVDD:
                 np.abs(self._R[: m + 1, : m + 1] @ self._bordered() - np.eye(m + 1)).ravel())
             column = np.empty(n)
             for p, slot in enumerate(self._S[:m] if margin_rows else ()):
-                W.kernel_column(self._Xt, n, slot, self._anchor, self._fs[2], column)
+                W.kernel_column(self._Xt, n, slot, self._anchor, self._fs[W._INV_SIGMA2], column)
                 rows_drift = max(rows_drift,
                                  largest_violation(np.abs(self._KSt[p, :n] - column)))
         return Consistency(kkt_residual=self._kkt_from(fresh), grad_drift=drift,
@@ -1374,11 +1376,11 @@ class IncrementalSVDD:
         """Refresh the state of the current partition from scratch.
 
         A fresh inverse of the bordered matrix and every gradient from the keys (the margin
-        gradients then hold the true equality residuals, which ``_walk.correct`` removes by a
+        gradients then hold the true equality residuals, which ``_rest.correct`` removes by a
         walk that respects the bounds). Used when a step ran on small pivots, whose rounding
         (~eps / pivot) the maintained state inherited. Cost O(m^3 + n |support| d).
         """
-        self._fs[3] = np.inf
+        self._fs[W._MIN_PIVOT] = np.inf
         self._ist[W._SETTLED] = -1  # the refreshed state must be settled in full
         m, n = self._m, self._n
         self.n_polishes += 1
