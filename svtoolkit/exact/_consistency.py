@@ -22,8 +22,8 @@ from . import _bulk as B
 from . import _walk as W
 from ._rest import sum_rounding
 
-__all__ = ["Consistency", "Audit", "AuditSlice", "fresh_gradients", "kkt_residual_from", "rho_offset",
-           "bordered_matrix", "margin_rows_drift"]
+__all__ = ["Consistency", "Audit", "AuditSlice", "fresh_gradients", "kkt_residual_from",
+           "rho_offset", "bordered_matrix", "margin_rows_drift"]
 
 #: Fresh gradients switch from the Numba loop to blocked matrix products above this much work
 #: (n * |support| * d multiply-adds) for keys of at least BLAS_FRESH_MIN_DIM dimensions (below

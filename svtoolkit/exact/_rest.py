@@ -166,7 +166,8 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
             recenter_rho(alpha, grad, status, fs, ist[_N])
         return DONE
     if polish_allowed and (
-        fs[_MIN_PIVOT] < POLISH_PIVOT or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > probe_tol
+        fs[_MIN_PIVOT] < POLISH_PIVOT
+        or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > probe_tol
     ):
         return NEED_POLISH
     code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,

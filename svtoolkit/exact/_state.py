@@ -121,8 +121,8 @@ def check_state(state, n, m, d, solver):
     fs = np.asarray(state["fs"], dtype=np.float64)
     if fs.shape != (W.FS_SIZE,):
         raise ValueError(f"state['fs'] has shape {fs.shape}, expected ({W.FS_SIZE},)")
-    if not (np.isfinite(fs[W._RHO]) and fs[W._C] == solver._fs[W._C] and fs[W._INV_SIGMA2] == solver._fs[W._INV_SIGMA2]
-            and fs[W._MIN_PIVOT] > 0.0):
+    if not (np.isfinite(fs[W._RHO]) and fs[W._C] == solver._fs[W._C]
+            and fs[W._INV_SIGMA2] == solver._fs[W._INV_SIGMA2] and fs[W._MIN_PIVOT] > 0.0):
         raise ValueError("state['fs'] disagrees with C and sigma or holds a non-finite rho")
     anchor = int(ist[W._ANCHOR])
     if not -1 <= anchor < n or not -1 <= int(ist[W._CUR_C]) < n:
