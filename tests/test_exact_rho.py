@@ -109,7 +109,7 @@ def _pinned_by_a_residue():
     W.kernel_column(state["Xt"], n, j, -1, 1.0 / SIGMA**2, column)
     a[j] = s.C - residue
     g -= 2.0 * residue * column
-    state["fs"][0] -= g[j]
+    state["fs"][W._RHO] -= g[j]
     g -= g[j]
     st[j] = W.MARGIN
     state["spos"][j] = 0

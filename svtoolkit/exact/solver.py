@@ -713,7 +713,7 @@ class IncrementalSVDD(WalkDriver):
         """Maintained quantities beside their fresh evaluation, for chosen keys and columns.
 
         What :meth:`consistency` compares all at once, for a slice: the maintained gradients
-        of the keys ``ids`` and the same evaluated from the keys (O(k |support| d)), the
+        of the keys ``ids`` and the same evaluated from the keys (``O(k |support| d)``), the
         maintained inverse times the chosen columns of the bordered matrix (O((m + 1)^2 c)),
         and rho's offset from a fresh solve's choice on the maintained gradients (O(n)). The
         memory's rolling audit cycles through every key and column this way. Changes nothing.
