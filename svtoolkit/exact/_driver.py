@@ -58,7 +58,7 @@ class WalkDriver:
         self._allocate(d=1, cap=16, mcap=8)
         self._d = None
 
-    # ---------------------------------------------- state and allocation
+    # ------------------------------------------------------------------ state and allocation
     def _allocate(self, d, cap, mcap):
         self._Xt = np.zeros((d, cap))
         self._ids = np.full(cap, -2, dtype=np.int64)
@@ -75,7 +75,9 @@ class WalkDriver:
         self._beta = np.zeros(mcap + 1)
         self._bk = np.zeros(mcap + 1)
         self._vbuf = np.zeros(mcap + 1)
-        self._fs = np.array([0.0, self._C, 1.0 / self._sigma**2, np.inf])
+        self._fs = np.empty(W.FS_SIZE)
+        self._fs[[W._RHO, W._C, W._INV_SIGMA2, W._MIN_PIVOT]] = (0.0, self._C,
+                                                                 1.0 / self._sigma**2, np.inf)
         self._order_cache = None
         self._ist = np.zeros(W.IST_SIZE, dtype=np.int64)
         self._ist[[W._ANCHOR, W._LAST_LEFT, W._LAST_JOINED, W._CUR_C, W._SETTLED]] = -1
@@ -134,7 +136,7 @@ class WalkDriver:
     def _anchor(self):
         return int(self._ist[W._ANCHOR])
 
-    # ---------------------------------------------------------- the walk
+    # ------------------------------------------------------------------ the walk
     def _event_limit(self):
         if self.max_events is None or self._rebuilding:
             return 50 * self._n + 1000
@@ -339,7 +341,7 @@ class WalkDriver:
         """M' = [[0, 1^T], [1, 2 K'_SS]] of the current margin set, shape (m + 1, m + 1)."""
         return CS.bordered_matrix(self._S, self._KSt, self._m)
 
-    # ---------------------------------------- polish and refactorisation
+    # ------------------------------------------------------------------ polish and refactorisation
     def _polish(self):
         """Refresh the state of the current partition from scratch.
 
@@ -372,7 +374,7 @@ class WalkDriver:
         self._settle()
         self.n_refactorizations += 1
 
-    # -------------------------------------------------- failure handling
+    # ------------------------------------------------------------------ failure handling
     def _recover(self, exc, first_new_id=None, forget_dimension=False):
         """After a failed walk: rebuild from the keys held before the operation, then raise.
 
