@@ -652,9 +652,9 @@ def _reported_errors():
     The solver's SolverFailure only once the solver is loaded: a command that talks to a
     server never imports it (Numba, about half a second) and so cannot raise it.
     """
-    solver = sys.modules.get("svtoolkit.exact.solver")
+    driver = sys.modules.get("svtoolkit.exact._driver")
     return (ValueError, TypeError, OSError, ImportError) + (
-        (solver.SolverFailure,) if solver is not None else ())
+        (driver.SolverFailure,) if driver is not None else ())
 
 
 def main(argv=None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import svtoolkit.exact._landing as landing_module
 import svtoolkit.exact.solver as solver_module
 from svtoolkit import IncrementalSVDD
 from svtoolkit.exact import _bulk as B
@@ -27,8 +28,8 @@ def _build(X, C, sigma, monkeypatch, path, guess=None, cache_columns=3):
             patch.setattr(solver_module, "BULK_MIN_KEYS", 10**9)
         elif path == "cached":
             patch.setattr(solver_module, "BULK_MAX_KEYS", 1)
-            patch.setattr(solver_module, "BULK_GUESS_KEYS", guess or len(X) // 4)
-            patch.setattr(solver_module, "BULK_CACHE_BYTES", 8 * len(X) * cache_columns)
+            patch.setattr(landing_module, "BULK_GUESS_KEYS", guess or len(X) // 4)
+            patch.setattr(landing_module, "BULK_CACHE_BYTES", 8 * len(X) * cache_columns)
         solver = IncrementalSVDD(C, sigma)
         ids = solver.extend(X)
     np.testing.assert_array_equal(ids, np.arange(len(X)))
@@ -158,7 +159,7 @@ def test_gram_free_build_falls_back_to_the_walk(failure, monkeypatch):
     X = np.random.default_rng(32).standard_normal((100, 4))
     reference = _build(X, 0.02, 1.2, monkeypatch, "walk")
     monkeypatch.setattr(solver_module, "BULK_MAX_KEYS", 1)
-    monkeypatch.setattr(solver_module, "BULK_GUESS_KEYS", 25)
+    monkeypatch.setattr(landing_module, "BULK_GUESS_KEYS", 25)
     if failure == "certificate":
         monkeypatch.setattr(solver_module, "BULK_KKT_TOL", -1.0)
     else:

@@ -20,7 +20,9 @@ import pytest
 from test_exact_vertex import agreement_bound, assert_equals_fresh
 
 from svtoolkit import IncrementalSVDD, rbf_kernel
+from svtoolkit._rules import BOUND_SNAP
 from svtoolkit.exact import _walk as W
+from svtoolkit.exact._rest import sum_rounding
 from svtoolkit.memory._audit import RollingAudit
 from svtoolkit.reference import solve_svdd
 
@@ -60,7 +62,7 @@ def test_a_residue_of_the_sum_does_not_pin_rho(n0, seed):
     by 1.3e-4 (n0 = 424) and 6.5e-5 (n0 = 600) after the first operation."""
     probes = np.random.default_rng(99).standard_t(2, (20, D))
     for s in _chain(n0, seed, 4):
-        tol = W.BOUND_SNAP * s.C
+        tol = BOUND_SNAP * s.C
         a = s.alpha[np.isin(s.ids, s.margin_ids)]
         assert np.all((a > tol) & (a < s.C - tol))  # no margin key is a residue
         fresh = IncrementalSVDD(s.C, s.sigma)
@@ -102,12 +104,12 @@ def _pinned_by_a_residue():
     for value in a:  # slot order, one addition at a time
         total += value
     residue = total - 1.0
-    assert W.BOUND_SNAP * s.C < residue <= W.sum_rounding(a, n)  # only the sum rule sees it
+    assert BOUND_SNAP * s.C < residue <= sum_rounding(a, n)  # only the sum rule sees it
     column = np.empty(n)
     W.kernel_column(state["Xt"], n, j, -1, 1.0 / SIGMA**2, column)
     a[j] = s.C - residue
     g -= 2.0 * residue * column
-    state["fs"][0] -= g[j]
+    state["fs"][W._RHO] -= g[j]
     g -= g[j]
     st[j] = W.MARGIN
     state["spos"][j] = 0

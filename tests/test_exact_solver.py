@@ -598,13 +598,13 @@ def test_cached_insertion_order_survives_every_kind_of_operation():
 
 
 def test_blocked_fresh_gradients_equal_the_coordinatewise_loop(monkeypatch):
-    from svtoolkit.exact import solver as solver_module
+    from svtoolkit.exact import _consistency as consistency_module
 
     rng = np.random.default_rng(17)
     s = IncrementalSVDD.from_nu(0.3, 300, 9.0)
     s.extend(rng.standard_normal((300, 130)))
     exact = s._fresh_gradients()  # below the work threshold: the Numba loop
-    monkeypatch.setattr(solver_module, "BLAS_FRESH_WORK", 0)
+    monkeypatch.setattr(consistency_module, "BLAS_FRESH_WORK", 0)
     blocked = s._fresh_gradients()
     np.testing.assert_allclose(blocked, exact, rtol=0, atol=1e-13)
     assert s.kkt_residual() <= 1e-12

@@ -31,6 +31,7 @@ from svtoolkit.memory import (
 )
 from svtoolkit.memory._audit import AUDIT_PERIOD, MAX_STRIDE, MIN_KEYS, RollingAudit, schedule
 from svtoolkit.memory._codec import non_canonical_values
+from svtoolkit.memory._signing import receipt_mac
 from svtoolkit.memory._table import RecordTable, record_leaf
 
 KEY = b"0123456789abcdef-scale"
@@ -214,7 +215,7 @@ def test_a_receipt_without_the_new_fields_still_verifies():
     mem, _ = built(9, signing_key=KEY)
     old = DeletionReceipt(**{k: v for k, v in mem.forget("k1").signed_fields().items()
                              if k not in ("kkt_source", "rolling_audit")})
-    old = DeletionReceipt(**{**old.signed_fields(), "mac": store_module.receipt_mac(
+    old = DeletionReceipt(**{**old.signed_fields(), "mac": receipt_mac(
         KEY, old.signed_fields())})
     as_json = {k: v for k, v in old.to_dict().items() if k not in ("kkt_source",
                                                                     "rolling_audit")}

@@ -1,5 +1,8 @@
 """The exact maintained fp64 solver (Cauwenberghs-Poggio walk on the SVDD dual)."""
 
-from .solver import Audit, Consistency, IncrementalSVDD, MarginSystem, SolverFailure
+from ._consistency import Audit, AuditSlice, Consistency
+from ._driver import SolverFailure
+from .solver import IncrementalSVDD, MarginSystem
 
-__all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "Audit", "Consistency"]
+__all__ = ["IncrementalSVDD", "MarginSystem", "SolverFailure", "Audit", "AuditSlice",
+           "Consistency"]

@@ -1,8 +1,10 @@
-"""Stored states of :class:`~svtoolkit.exact.IncrementalSVDD`: structural validation and the
-conversion between the shifted-kernel arrays the walk keeps and the unshifted system.
+"""Stored states of :class:`~svtoolkit.exact.IncrementalSVDD`: export and restore, structural
+validation, and the conversion between the shifted-kernel arrays the walk keeps and the
+unshifted system.
 
-:meth:`IncrementalSVDD.from_state_dict` calls :func:`check_state` before any kernel sees a
-stored array; optimality itself is :meth:`IncrementalSVDD.consistency`'s job.
+:meth:`IncrementalSVDD.state_dict` is :func:`export_state`; :meth:`IncrementalSVDD.from_state_dict`
+is :func:`restore_state`, which calls :func:`check_state` before any kernel sees a stored array;
+optimality itself is :meth:`IncrementalSVDD.consistency`'s job.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import numpy as np
 
 from . import _walk as W
 
-__all__ = ["check_state", "state_int", "state_ints", "steering_fields", "unshifted_inverse",
-           "shifted_inverse", "STATE_SUM_TOL", "INT64_MAX"]
+__all__ = ["export_state", "restore_state", "check_state", "state_int", "state_ints",
+           "steering_fields", "unshifted_inverse", "shifted_inverse", "STATE_FORMAT",
+           "STATE_SUM_TOL", "INT64_MAX"]
 
 
 def unshifted_inverse(R_shifted):
@@ -36,6 +39,13 @@ def shifted_inverse(R):
 
 
 INT64_MAX = int(np.iinfo(np.int64).max)
+#: 2: the walk's arrays hold the shifted kernel (KSt = K' = K - 1, R = M'^{-1},
+#: fs[_RHO] = rho + 1); format-1 states (unshifted) are converted on load.
+#: 3: also the settings that steer later operations (the calibrated inverse-probe
+#: tolerance, the operations since the last audit, the event limit and the margin
+#: capacity, at which a walk pauses to grow its arrays); states of formats 1 and 2 load
+#: with their defaults (PROBE_TOL, 0, None, the smallest capacity that holds them).
+STATE_FORMAT = 3
 #: |sum(a) - 1| a stored state may show (the KKT residual itself is checked by the loader).
 STATE_SUM_TOL = 1e-9
 
@@ -109,10 +119,10 @@ def check_state(state, n, m, d, solver):
     S = state_ints(state, "S", (m,))
     ist = state_ints(state, "ist", (W.IST_SIZE,))
     fs = np.asarray(state["fs"], dtype=np.float64)
-    if fs.shape != (4,):
-        raise ValueError(f"state['fs'] has shape {fs.shape}, expected (4,)")
-    if not (np.isfinite(fs[0]) and fs[1] == solver._fs[1] and fs[2] == solver._fs[2]
-            and fs[3] > 0.0):
+    if fs.shape != (W.FS_SIZE,):
+        raise ValueError(f"state['fs'] has shape {fs.shape}, expected ({W.FS_SIZE},)")
+    if not (np.isfinite(fs[W._RHO]) and fs[W._C] == solver._fs[W._C]
+            and fs[W._INV_SIGMA2] == solver._fs[W._INV_SIGMA2] and fs[W._MIN_PIVOT] > 0.0):
         raise ValueError("state['fs'] disagrees with C and sigma or holds a non-finite rho")
     anchor = int(ist[W._ANCHOR])
     if not -1 <= anchor < n or not -1 <= int(ist[W._CUR_C]) < n:
@@ -140,3 +150,92 @@ def check_state(state, n, m, d, solver):
             or (alpha < 0.0).any() or abs(alpha.sum() - 1.0) > STATE_SUM_TOL:
         raise ValueError("state coefficients disagree with their partition or with "
                          "sum(a) = 1 (reserve exactly 0, error exactly C, margin in (0, C))")
+
+
+def export_state(solver):
+    """The state and steering settings of ``solver`` as plain arrays (copies) and numbers."""
+    n, m = solver._n, solver._m
+    return {
+        "format": STATE_FORMAT,
+        "C": solver._C,
+        "sigma": solver._sigma,
+        "d": -1 if solver._d is None else solver._d,
+        "next_id": solver._next_id,
+        "audit_every": solver.audit_every,
+        "ops_since_audit": solver._ops_since_audit,
+        "max_events": solver.max_events,
+        "probe_tol": solver._probe_tol,
+        "margin_capacity": int(solver._S.shape[0]),
+        "Xt": solver._Xt[:, :n].copy(),
+        "ids": solver._ids[:n].copy(),
+        "alpha": solver._alpha[:n].copy(),
+        "grad": solver._grad[:n].copy(),
+        "status": solver._status[:n].copy(),
+        "spos": solver._spos[:n].copy(),
+        "S": solver._S[:m].copy(),
+        "KSt": solver._KSt[:m, :n].copy(),
+        "R": solver._R[: m + 1, : m + 1].copy(),
+        "fs": solver._fs.copy(),
+        "ist": solver._ist.copy(),
+    }
+
+
+def restore_state(solver_class, state):
+    """A new ``solver_class`` holding ``state`` (:func:`export_state` output, any format up to
+    STATE_FORMAT), checked by :func:`check_state` before any array is used."""
+    version = state.get("format")
+    if version not in (1, 2, STATE_FORMAT):
+        raise ValueError(f"unknown solver state format {version!r}")
+    solver = solver_class(state["C"], state["sigma"],
+                          audit_every=state_int(state, "audit_every", 0, INT64_MAX))
+    d = state_int(state, "d", -1, INT64_MAX)
+    ist = state_ints(state, "ist", (W.IST_SIZE,))
+    n, m = int(ist[W._N]), int(ist[W._M])
+    if not 0 <= m <= n:
+        raise ValueError(f"state sizes are inconsistent: n={n}, m={m} (need 0 <= m <= n)")
+    mcap = max(8, m + 1)
+    if version >= 3:
+        ops, solver.max_events, solver._probe_tol, mcap = steering_fields(state)
+        solver._ops_since_audit = ops
+        # at least 8 and never below m; it grows with S but never shrinks with the keys
+        if not max(m, 8) <= mcap <= 2**40:
+            raise ValueError(f"state['margin_capacity'] = {mcap} is outside "
+                             f"[max(8, m) = {max(m, 8)}, 2**40]")
+    if d < 0 or n == 0:
+        if n:
+            raise ValueError("state holds keys but no dimension")
+        if d == 0:
+            raise ValueError("state dimension d must be >= 1 (or -1 before any key)")
+        if ist[W._ANCHOR] != -1 or ist[W._CUR_C] != -1:
+            raise ValueError("an empty state cannot hold an anchor or a current slot")
+        solver._next_id = state_int(state, "next_id", 0, INT64_MAX)
+        if d > 0:
+            solver._d = d
+            solver._allocate(d=d, cap=16, mcap=mcap)
+            solver._ist[:] = ist
+        return solver
+    check_state(state, n, m, d, solver)
+    solver._d = d
+    solver._allocate(d=d, cap=max(16, n + 1), mcap=mcap)
+    solver._Xt[:, :n] = state["Xt"]
+    solver._ids[:n] = state["ids"]
+    solver._alpha[:n] = state["alpha"]
+    solver._grad[:n] = state["grad"]
+    solver._status[:n] = state["status"]
+    solver._spos[:n] = state["spos"]
+    solver._S[:m] = state["S"]
+    solver._KSt[:m, :n] = state["KSt"]
+    solver._R[: m + 1, : m + 1] = state["R"]
+    solver._fs[:] = state["fs"]
+    if version == 1:  # unshifted kernel: K' = K - 1, R' = T R, rho' = rho + 1
+        solver._KSt[:m, :n] -= 1.0
+        solver._R[: m + 1, : m + 1] = shifted_inverse(solver._R[: m + 1, : m + 1])
+        solver._fs[W._RHO] += 1.0
+    solver._ist[:] = ist
+    solver._next_id = state_int(state, "next_id", 0, INT64_MAX)
+    ids = solver._ids[:n]
+    real = ids[ids >= 0]
+    if len(np.unique(real)) != len(real) or (len(real) and real.max() >= solver._next_id):
+        raise ValueError("state ids are duplicated or not below next_id")
+    solver._slot_of = {int(i): slot for slot, i in enumerate(ids) if i >= 0}
+    return solver

@@ -2,7 +2,10 @@
 
 Everything here is a free ``@njit`` function over arrays and scalars; the state lives in
 :class:`svtoolkit.exact.solver.IncrementalSVDD`. One add or remove is one call of :func:`walk`
-(one Python -> Numba crossing per operation; the whole event loop runs inside).
+(one Python -> Numba crossing per operation; the whole event loop runs inside), and its rest
+state one call of ``settle`` (:mod:`svtoolkit.exact._rest`). This module owns the state layout
+below (the ``ist`` and ``fs`` slot names: ``_N``, ``_M``, ... and ``_RHO``, ``_C``, ...) and
+the one tolerance table of the walk.
 
 State layout (``cap`` slots, ``mcap`` margin capacity; slot order is arbitrary, swap-remove):
 
@@ -19,10 +22,12 @@ S           (mcap,) int64      margin list (slots), in bordered-system order
 KSt         (mcap, cap)        KSt[p, i] = K'(x_{S[p]}, x_i): the columns K'[:, S], each contiguous
 R           (mcap+1, mcap+1)   inverse of M' = [[0, 1^T], [1, 2 K'_SS]]
 blocked     (cap,) int64       epoch stamp: slot is dependent on the current S (see below)
-fs          (4,)               [rho' = rho + 1, C, 1/sigma^2, smallest pivot of the operation]
-ist         (12,) int64        [n, m, anchor slot, epoch, last_left, last_joined,
+fs          (FS_SIZE,)         [rho' = rho + 1, C, 1/sigma^2, smallest pivot of the operation]
+                               (slots ``_RHO``, ``_C``, ``_INV_SIGMA2``, ``_MIN_PIVOT``)
+ist         (IST_SIZE,) int64  [n, m, anchor slot, epoch, last_left, last_joined,
                                 events, refused joins, current walk's slot and mode, repairs,
                                 event count at the last completed settle (-1: must settle)]
+                               (slots ``_N``, ``_M``, ``_ANCHOR``, ... ``_SETTLED``)
 ==========  =================  =========================================================
 
 **The shifted kernel.** The walk runs on K' = K - 1 1^T, i.e. K'_ij = k(x_i, x_j) - 1, computed
@@ -44,7 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import njit
-from .._rules import BOUND_SNAP, FEASIBILITY_TOL, SUM_ROUNDOFF
+from .._rules import FEASIBILITY_TOL
 from ..kernels import rbf_row_minus_one
 
 # --- status codes ------------------------------------------------------------------------------
@@ -79,13 +84,13 @@ SENS_TOL = 1e-12
 #: At rest, error/reserve points whose gradient has the wrong sign by more than
 #: max(REPAIR_MIN_TOL * max(C, 1), REPAIR_FACTOR * C * min(kappa_i, floor_i)) are relaxed by
 #: their own walk (floor_i: :func:`kappa_floor`)
-#: (kappa_i: the point's Schur complement against S; see :func:`worst_violator`).
+#: (kappa_i: the point's Schur complement against S; see ``_rest.worst_violator``).
 REPAIR_MIN_TOL = 1e-13
 REPAIR_FACTOR = 4.0
 #: BOUND_SNAP and SUM_ROUNDOFF (svtoolkit._rules): at rest, a margin coefficient within
-#: BOUND_SNAP * C of a bound, or within the rounding bound of sum(a) (:func:`sum_rounding`),
+#: BOUND_SNAP * C of a bound, or within the rounding bound of sum(a) (``_rest.sum_rounding``),
 #: is moved to that bound.
-#: Equality residuals at or below this are rounding; :func:`correct` leaves them.
+#: Equality residuals at or below this are rounding; ``_rest.correct`` leaves them.
 CORRECT_SKIP = 1e-16
 #: At rest |sum(a) - 1| must be below this, else the operation fails (and is rebuilt).
 CONSISTENCY_TOL = 1e-9
@@ -105,6 +110,13 @@ PROBE_TOL_MAX = 1e-9
 _N, _M, _ANCHOR, _EPOCH, _LAST_LEFT, _LAST_JOINED, _EVENTS, _REFUSED = 0, 1, 2, 3, 4, 5, 6, 7
 _CUR_C, _CUR_MODE, _REPAIRS, _SETTLED = 8, 9, 10, 11
 IST_SIZE = 12
+
+# fs indices
+_RHO = 0  # rho' = rho + 1: the offset of the shifted kernel's gradients, g = 2 K' a + rho'
+_C = 1  # the box constraint C
+_INV_SIGMA2 = 2  # 1 / sigma^2
+_MIN_PIVOT = 3  # smallest pivot (Schur complement) of the operation so far; inf at rest
+FS_SIZE = 4
 
 # event kinds
 _EV_NONE = 0
@@ -306,18 +318,18 @@ def _join(k, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist
     """Slot k enters the margin set (bordered inverse grows; its kernel column is stored).
 
     k's gradient keeps its value (zero up to rounding of the step that brought it here); the
-    residual is removed with every other one by :func:`correct` at rest.
+    residual is removed with every other one by ``_rest.correct`` at rest.
     """
     n = ist[_N]
     m = ist[_M]
-    if m > 0 and kappa < fs[3]:
-        fs[3] = kappa  # smallest pivot since the last polish
+    if m > 0 and kappa < fs[_MIN_PIVOT]:
+        fs[_MIN_PIVOT] = kappa  # smallest pivot since the last polish
     _grow(R, m, bk, kappa)
     if k == c:
         for i in range(n):
             KSt[m, i] = kc[i]
     else:
-        kernel_column(Xt, n, k, ist[_ANCHOR], fs[2], KSt[m])
+        kernel_column(Xt, n, k, ist[_ANCHOR], fs[_INV_SIGMA2], KSt[m])
     S[m] = k
     spos[k] = m
     status[k] = MARGIN
@@ -343,7 +355,7 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
     """Margin slot j leaves S for the reserve or error set; its coefficient is snapped.
 
     The snap moves a_j to exactly 0 or C; every gradient follows (g += 2 K[:, j] delta), so
-    the gradients stay those of the coefficients (the sum residual goes to :func:`correct`).
+    the gradients stay those of the coefficients (the sum residual goes to ``_rest.correct``).
     """
     n = ist[_N]
     m = ist[_M]
@@ -352,12 +364,12 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
     if new_status == RESERVE:
         target = 0.0
     elif new_status == ERROR:
-        target = fs[1]
+        target = fs[_C]
     _shift_coefficient(j, target, alpha, grad, KSt[p], n)
     if m > 1:
         pivot = 1.0 / abs(R[p + 1, p + 1])  # j's Schur complement against the rest of S
-        if pivot < fs[3]:
-            fs[3] = pivot
+        if pivot < fs[_MIN_PIVOT]:
+            fs[_MIN_PIVOT] = pivot
     _shrink(R, m, p + 1)
     last = m - 1
     if p != last:
@@ -374,7 +386,7 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
     ist[_SETTLED] = -1
     ist[_LAST_LEFT] = j
     ist[_EPOCH] += 1  # S shrank: points blocked as dependent on the old S may enter again
-    if fs[3] < POLISH_PIVOT and m > 1:
+    if fs[_MIN_PIVOT] < POLISH_PIVOT and m > 1:
         refresh_inverse_if_drifted(R, m - 1, S, KSt)
 
 
@@ -479,7 +491,7 @@ def walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
             ist[_CUR_C] = -1
             return DONE
     if not kc_ready:
-        kernel_column(Xt, ist[_N], c, ist[_ANCHOR], fs[2], kc)
+        kernel_column(Xt, ist[_N], c, ist[_ANCHOR], fs[_INV_SIGMA2], kc)
     sign = 1.0 if mode == ADMIT else -1.0
     events = 0
     while True:
@@ -515,7 +527,7 @@ def _finish_own(c, kind, alpha, grad, status, spos, S, KSt, R, kc, bk, kappa, Xt
     elif kind == _EV_C_TO_R:
         status[c] = RESERVE
     elif kind == _EV_C_TO_E:
-        _shift_coefficient(c, fs[1], alpha, grad, kc, ist[_N])
+        _shift_coefficient(c, fs[_C], alpha, grad, kc, ist[_N])
         status[c] = ERROR
     else:  # _EV_C_TO_S
         _join(c, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist)
@@ -531,7 +543,7 @@ def _rho_step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, bk, fs, ist, c,
     tiebest = big
     kind = _EV_NONE
     who = -1
-    if mode == ADMIT and alpha[c] >= _upper(c, ist[_ANCHOR], fs[1]):
+    if mode == ADMIT and alpha[c] >= _upper(c, ist[_ANCHOR], fs[_C]):
         return _finish_own(c, _EV_C_TO_E, alpha, grad, status, spos, S, KSt, R, kc, bk, 2.0,
                            Xt, fs, ist)
     if mode != REMOVE:
@@ -552,7 +564,7 @@ def _rho_step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, bk, fs, ist, c,
                                2.0, Xt, fs, ist)
         return NO_EVENT
     d_rho = sign * tbest
-    fs[0] += d_rho
+    fs[_RHO] += d_rho
     for i in range(n):
         grad[i] += d_rho
     if tbest > 0.0:
@@ -571,7 +583,7 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
     """One ordinary event: a_c moves by sign * t, S follows by beta, every g by gamma."""
     n = ist[_N]
     m = ist[_M]
-    C = fs[1]
+    C = fs[_C]
     anchor = ist[_ANCHOR]
     big = np.iinfo(np.int64).max
     _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam)
@@ -632,7 +644,7 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
     # take the step
     st = sign * tbest
     alpha[c] += st
-    fs[0] += st * beta[0]
+    fs[_RHO] += st * beta[0]
     for p in range(m):
         alpha[S[p]] += st * beta[p + 1]
     for i in range(n):
@@ -661,257 +673,6 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
         return _CONTINUE
     _join(who, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist)
     return _CONTINUE
-
-
-@njit
-def worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done):
-    """Slot of the largest sign violation worth a relaxation walk, or -1.
-
-    A violation counts when it exceeds REPAIR_MIN_TOL and REPAIR_FACTOR * C * kappa_i, with
-    kappa_i the point's Schur complement against S (capped at its :func:`kappa_floor`). Only a
-    point kept out of S as dependent can violate by more than rounding; relaxing it swaps it
-    with the margin points it
-    depends on, which moves their gradient difference by about 2 C kappa_i - so below that
-    bound the optimum splits weight between near twins, the vertex state is within that bound
-    of it, and a relaxation would only make the twins trade places. ``done`` marks points
-    already relaxed in this settle (each is relaxed at most once: anti-cycling).
-    """
-    worst = 0.0
-    who = -1
-    m = ist[_M]
-    scale = max(fs[1], 1.0)
-    for i in range(ist[_N]):
-        st = status[i]
-        if st == ERROR:
-            v = grad[i]
-        elif st == RESERVE:
-            v = -grad[i]
-        else:
-            continue
-        if v <= REPAIR_MIN_TOL * scale or v <= worst or (i < done.shape[0] and done[i]):
-            continue
-        if m > 0:
-            # tolerated only while i is dependent on S (kappa_i below its floor): so at rest
-            # every sign violation outside `done` is below REPAIR_FACTOR * C * KAPPA_TOL
-            kappa = _schur(m, S, KSt, R, i, bk, vbuf)
-            kappa = min(kappa, kappa_floor(m, R, vbuf, kappa, ist[_ANCHOR]))
-            if v <= REPAIR_FACTOR * fs[1] * kappa:
-                continue
-        worst = v
-        who = i
-    return who
-
-
-@njit
-def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-           fs, ist, max_events, max_repairs):
-    """Relax every error/reserve point whose gradient sign is wrong, by its own walk.
-
-    Such points are keys that were kept out of S as dependent on it (near duplicates): while
-    their twin moved, their gradient drifted by a first-order amount. Relaxing one is an exact
-    walk with the point as the moving coefficient (up from R, down from E); it transfers mass
-    between the point and the margin set it depends on until a bound is met, and strictly
-    lowers the objective. Signs are judged after a Newton correction of the equalities.
-    Resumable like :func:`walk`.
-    """
-    if ist[_CUR_C] >= 0:
-        code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                    blocked, fs, ist, ist[_CUR_C], ist[_CUR_MODE], False, max_events)
-        if code != DONE:
-            return code
-    done = np.zeros(0, dtype=np.bool_)  # allocated at the first violator
-    for _ in range(max_repairs):
-        # judge signs on the corrected state: a walk can leave equality residuals (a point
-        # that joined S by a zero-length step keeps its rounding-level gradient)
-        code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                       blocked, fs, ist, max_events)
-        if code != DONE:
-            return code
-        v = worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done)
-        if v < 0:
-            return DONE
-        if done.shape[0] == 0:
-            done = np.zeros(ist[_N], dtype=np.bool_)
-        done[v] = True
-        ist[_REPAIRS] += 1
-        mode = ADMIT if status[v] == RESERVE else RELAX_DOWN
-        status[v] = MOVING
-        code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                    blocked, fs, ist, v, mode, False, max_events)
-        if code != DONE:
-            return code
-    return TOO_MANY_EVENTS
-
-
-@njit
-def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-           fs, ist, max_events, max_repairs, polish_allowed, probe_tol):
-    """Bring the state to rest in canonical form (one crossing per operation).
-
-    Asks for a polish (NEED_POLISH, at most once: the caller polishes and calls again with
-    ``polish_allowed=False``) when a rank-one update of this operation used a pivot below
-    POLISH_PIVOT or the inverse fails its probe; relaxes sign violators (:func:`repair`); moves
-    margin coefficients that sit on a bound into that bound's set; removes the equality
-    residuals (:func:`correct`); with S empty puts rho at the midpoint of its optimal interval
-    (what a fresh solve reports). Skipped when nothing moved since the last rest state.
-    """
-    if polish_allowed and ist[_EVENTS] == ist[_SETTLED] and fs[3] == np.inf:
-        # nothing moved since the last rest state (e.g. a reserve key was deleted): only the
-        # midpoint of rho's interval can have changed
-        if ist[_M] == 0 and ist[_N] > 0:
-            recenter_rho(alpha, grad, status, fs, ist[_N])
-        return DONE
-    if polish_allowed and (
-        fs[3] < POLISH_PIVOT or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > probe_tol
-    ):
-        return NEED_POLISH
-    code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                  blocked, fs, ist, max_events, max_repairs)
-    if code != DONE:
-        return code
-    snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist)
-    code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                   blocked, fs, ist, max_events)
-    if code != DONE:
-        return code
-    # the correction can leave the rounding of sum(a) on a margin key that a bound event of
-    # the correction made the last one: snap it too (then correct what the snap moved)
-    if snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist) > 0:
-        code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                       blocked, fs, ist, max_events)
-        if code != DONE:
-            return code
-    if ist[_M] == 0 and ist[_N] > 0:
-        recenter_rho(alpha, grad, status, fs, ist[_N])
-    if not _consistent(alpha, status, fs, ist):
-        return INCONSISTENT
-    ist[_SETTLED] = ist[_EVENTS]
-    fs[3] = np.inf  # pivots are judged per operation
-    return DONE
-
-
-@njit
-def _consistent(alpha, status, fs, ist):
-    """Last line of defence: sum(a) = 1 and every coefficient inside its box (rounding)."""
-    C = fs[1]
-    total = 0.0
-    for i in range(ist[_N]):
-        a = alpha[i]
-        total += a
-        if a < 0.0 or (a > C and i != ist[_ANCHOR]):
-            return False
-    return abs(total - 1.0) <= CONSISTENCY_TOL
-
-
-@njit
-def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, blocked, fs,
-            ist, max_events):
-    """Remove the equality residuals of the partition by a walk along the Newton direction.
-
-    Residuals r = [1 - sum(a); -g_S] (the gradients are kept consistent with the
-    coefficients, so g_S is the exact margin residual). The Newton direction
-    [d rho; d a_S] = R r would remove them at t = 1; the state moves along it and stops at the
-    first event on the way - a margin coefficient reaching a bound (it leaves S) or an
-    error/reserve gradient reaching 0 (it joins S) - executes it and starts again from the new
-    residual. After rounding-level drift the full step is taken at once (one O(n m) pass);
-    after an inexact inverse (ill-conditioned S, see POLISH_PIVOT) the events keep every
-    coefficient in its box where a plain Newton step would throw it out.
-
-    Returns DONE, NEED_MARGIN_CAPACITY or TOO_MANY_EVENTS.
-    """
-    ist[_LAST_LEFT] = -1
-    ist[_LAST_JOINED] = -1
-    ist[_EPOCH] += 1
-    C = fs[1]
-    anchor = ist[_ANCHOR]
-    big = np.iinfo(np.int64).max
-    for _ in range(max_events):
-        n = ist[_N]
-        m = ist[_M]
-        if m == 0:
-            return DONE
-        if m == S.shape[0]:
-            return NEED_MARGIN_CAPACITY
-        total = 0.0
-        for i in range(n):
-            total += alpha[i]
-        r[0] = 1.0 - total
-        worst = abs(r[0])
-        for p in range(m):
-            r[p + 1] = -grad[S[p]]
-            worst = max(worst, abs(r[p + 1]))
-        if worst <= CORRECT_SKIP:
-            return DONE
-        _matvec(R, m + 1, r, du, 1.0)
-        # gradient rates of the non-margin points along the direction
-        for i in range(n):
-            gam[i] = du[0]
-        _add_rows(gam, n, KSt, du[1:], m, 2.0)
-        tbest, tiebest, kind, who = 1.0, big, _EV_NONE, -1
-        last_joined = ist[_LAST_JOINED]
-        for p in range(m):
-            j = S[p]
-            end = alpha[j] + du[p + 1]
-            if end < 0.0:
-                t, ev = _step_to(alpha[j], du[p + 1]), _EV_S_TO_R
-            elif end > C and j != anchor:
-                t, ev = _step_to(alpha[j] - C, du[p + 1]), _EV_S_TO_E
-            else:
-                continue
-            if t == 0.0 and j == last_joined:
-                continue
-            if _better(t, ids[j], tbest, tiebest):
-                tbest, tiebest, kind, who = t, ids[j], ev, j
-        epoch = ist[_EPOCH]
-        last_left = ist[_LAST_LEFT]
-        for i in range(n):
-            st = status[i]
-            if st == MARGIN or st == MOVING or blocked[i] == epoch:
-                continue
-            end = grad[i] + gam[i]
-            if st == ERROR:
-                if end <= REPAIR_MIN_TOL * max(C, 1.0):
-                    continue
-            elif st == RESERVE:
-                if end >= -REPAIR_MIN_TOL * max(C, 1.0):
-                    continue
-            t = _step_to(grad[i], gam[i])
-            if t == 0.0 and i == last_left:
-                continue
-            if _better(t, ids[i], tbest, tiebest):
-                tbest, tiebest, kind, who = t, ids[i], _EV_JOIN, i
-        # move: coefficients and rho along du, gradients along their rates, margin
-        # residuals shrink linearly (g_S(t) = (1 - t) g_S)
-        t = tbest
-        fs[0] += t * du[0]
-        for p in range(m):
-            alpha[S[p]] += t * du[p + 1]
-        for i in range(n):
-            if status[i] != MARGIN:
-                grad[i] += t * gam[i]
-        for p in range(m):
-            grad[S[p]] *= 1.0 - t
-        if t > 0.0:
-            ist[_LAST_LEFT] = -1
-            ist[_LAST_JOINED] = -1
-        ist[_EVENTS] += 1
-        if kind == _EV_NONE:
-            for p in range(m):
-                grad[S[p]] = 0.0
-            return DONE
-        if kind == _EV_S_TO_R:
-            _leave(who, RESERVE, alpha, grad, status, spos, S, KSt, R, fs, ist)
-        elif kind == _EV_S_TO_E:
-            _leave(who, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
-        else:
-            kappa = _schur(m, S, KSt, R, who, bk, r)
-            if kappa < kappa_floor(m, R, r, kappa, anchor):
-                blocked[who] = epoch
-                ist[_REFUSED] += 1
-            else:
-                _join(who, Xt, alpha, grad, status, spos, S, KSt, R, kc, -1, bk, kappa, fs,
-                      ist)
-    return TOO_MANY_EVENTS
 
 
 @njit
@@ -967,89 +728,6 @@ def inverse_probe_residual(R, m, S, KSt, w, z):
             worst = err
     err = abs(first - 2.0 * border - 1.0)  # row 0 of T^{-1} R: row_0 - 2 sum_p row_p
     return max(worst, err)
-
-
-@njit
-def sum_rounding(alpha, n):
-    """Bound on the rounding error of ``sum(a)`` summed in slot order (the order of
-    :func:`correct`): ``SUM_ROUNDOFF * sum_i |s_i|`` over the computed partial sums s_i (each
-    addition errs by at most u |s_i| and the errors add; zero terms add none and are skipped).
-
-    :func:`correct` moves ``1 - fl(sum a)`` onto the margin set, so a margin coefficient within
-    this of a bound may be nothing but that rounding (svtoolkit._rules, SUM_ROUNDOFF)."""
-    total = 0.0
-    partial = 0.0
-    for i in range(n):
-        if alpha[i] != 0.0:
-            total += alpha[i]
-            partial += abs(total)
-    return SUM_ROUNDOFF * partial
-
-
-@njit
-def at_upper_bound(a, C, sum_tol):
-    """A margin coefficient that is C up to a residue: within BOUND_SNAP * C of it (its own
-    updates' rounding) or within ``sum_tol`` (:func:`sum_rounding`)."""
-    return a >= C * (1.0 - BOUND_SNAP) or C - a <= sum_tol
-
-
-@njit
-def at_lower_bound(a, C, sum_tol):
-    """A margin coefficient that is 0 up to a residue (as :func:`at_upper_bound`)."""
-    return a <= C * BOUND_SNAP or a <= sum_tol
-
-
-@njit
-def snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist):
-    """At rest, a margin coefficient within a residue of a bound (:func:`at_upper_bound`,
-    :func:`at_lower_bound`) joins that bound's set; returns the number snapped."""
-    C = fs[1]
-    sum_tol = sum_rounding(alpha, ist[_N])
-    snapped = 0
-    p = 0
-    while p < ist[_M]:
-        j = S[p]
-        if j != ist[_ANCHOR] and at_upper_bound(alpha[j], C, sum_tol):
-            _leave(j, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
-            snapped += 1
-        elif at_lower_bound(alpha[j], C, sum_tol):
-            _leave(j, RESERVE, alpha, grad, status, spos, S, KSt, R, fs, ist)
-            snapped += 1
-        else:
-            p += 1
-    return snapped
-
-
-@njit
-def recenter_rho(alpha, grad, status, fs, n):
-    """With S empty, move rho to the midpoint of its optimal interval (libsvm's convention).
-
-    rho is optimal anywhere in [max_{R} (rho - g_i), min_{E} (rho - g_i)]; every gradient
-    shifts by the change.
-    """
-    rho = fs[0]
-    lo = -np.inf
-    hi = np.inf
-    for i in range(n):
-        h = rho - grad[i]
-        if status[i] == RESERVE:
-            if h > lo:
-                lo = h
-        elif status[i] == ERROR:
-            if h < hi:
-                hi = h
-    if lo == -np.inf and hi == np.inf:
-        return
-    if lo == -np.inf:
-        new = hi
-    elif hi == np.inf:
-        new = lo
-    else:
-        new = 0.5 * (lo + hi)
-    shift = new - rho
-    fs[0] = new
-    for i in range(n):
-        grad[i] += shift
 
 
 @njit
@@ -1131,29 +809,6 @@ def decision(Qt, Xt, alpha, n, anchor, inv_sigma2, rho, out):
 
 
 @njit
-def remove_and_settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                      blocked, fs, ist, c, max_events, max_repairs, probe_tol):
-    """A deletion in one crossing: :func:`walk` of slot c to 0, :func:`delete_slot`, then
-    :func:`settle` (polish allowed).
-
-    Returns
-    -------
-    (int, int)
-        ``(-2, code)`` when the walk stopped with ``code`` (nothing deleted: the caller resumes
-        the walk as usual), else ``(moved, code)`` with ``moved`` the result of
-        :func:`delete_slot` and ``code`` the settle's (DONE, NEED_POLISH, ...).
-    """
-    code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-                fs, ist, c, REMOVE, False, max_events)
-    if code != DONE:
-        return -2, code
-    moved = delete_slot(c, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, ist)
-    code = settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                  blocked, fs, ist, max_events, max_repairs, True, probe_tol)
-    return moved, code
-
-
-@njit
 def delete_slot(p, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, ist):
     """Remove slot p (not a margin point) by moving the last slot into it.
 
@@ -1203,11 +858,11 @@ def insert_slot(x, new_id, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, 
     ist[_N] = n + 1
     if is_anchor:
         ist[_ANCHOR] = p
-    kernel_column(Xt, n + 1, p, ist[_ANCHOR], fs[2], kc)
+    kernel_column(Xt, n + 1, p, ist[_ANCHOR], fs[_INV_SIGMA2], kc)
     for q in range(ist[_M]):
         KSt[q, p] = kc[S[q]]
     s = 0.0
     for j in range(n):
         s += alpha[j] * kc[j]
-    grad[p] = 2.0 * s + fs[0]
+    grad[p] = 2.0 * s + fs[_RHO]
     return p

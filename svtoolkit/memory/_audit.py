@@ -107,63 +107,44 @@ class RollingAudit:
 
     def slice(self, solver, repair=True):
         """Check the next slice of ``solver``'s maintained state now (see :meth:`step`)."""
-        stride, n_keys, n_columns = schedule(len(solver), solver._m)
+        m = solver.margin_size
+        stride, n_keys, n_columns = schedule(len(solver), m)
         self.wait = stride - 1
-        keys, drift = self._gradients(solver, n_keys)
-        columns, inverse = self._inverse(solver, n_columns)
-        rho = self._rho(solver)
+        chosen = self._next_ids(solver.ids, n_keys)
+        cols = self._next_columns(m, n_columns)
+        found = solver.audit_slice(chosen, cols)
+        drift = _largest(found.maintained_gradients - found.fresh_gradients)
+        product = found.inverse_columns
+        product[cols, np.arange(len(cols))] -= 1.0  # R M - I
+        inverse = _largest(product)
+        # |rho - the rho a fresh solve would report|: nonzero only while no margin coefficient
+        # is free (a fresh solve then reports the midpoint of rho's optimal interval, and a rho
+        # pinned anywhere else by a residue moves every f although the KKT conditions of the
+        # maintained partition hold)
+        rho = found.rho_offset
         repaired = repair and not (drift <= AUDIT_GRAD_TOL and inverse <= AUDIT_INVERSE_TOL
                                    and rho <= AUDIT_GRAD_TOL)
         if repaired:
             solver.audit()  # refactorises: the repair the solver's periodic audit makes
-        return {"gradients_checked": keys, "grad_drift": drift,
-                "inverse_columns_checked": columns, "inverse_residual": inverse,
+        return {"gradients_checked": len(found.fresh_gradients), "grad_drift": drift,
+                "inverse_columns_checked": len(cols), "inverse_residual": inverse,
                 "rho_offset": rho, "repaired": repaired}
 
-    @staticmethod
-    def _rho(solver):
-        """|rho - the rho a fresh solve would report| from the maintained gradients (O(n)).
-
-        Nonzero only while no margin coefficient is free (each within a rounding residue of
-        a bound, or none): a fresh solve then reports the midpoint of rho's optimal interval,
-        and a rho anywhere else - pinned by a residue, say - moves every f by the offset
-        although the KKT conditions of the maintained partition hold.
-        """
-        n = solver._n
-        return solver._rho_offset(solver._grad[:n])[1] if n else 0.0
-
-    def _gradients(self, solver, k):
-        """Fresh gradients of the next k keys in id order against the maintained ones."""
-        ids = solver.ids
+    def _next_ids(self, ids, k):
+        """The next k solver ids in id order from the cursor (which wraps), advancing it."""
         n = ids.shape[0]
         if n == 0:
-            return 0, 0.0
+            return ids
         start = int(np.searchsorted(ids, self.next_id))
         chosen = ids[(start + np.arange(k)) % n]
         self.next_id = int(ids[(start + k) % n]) if k < n else int(chosen[0])
-        slots = np.fromiter((solver._slot_of[int(i)] for i in chosen), dtype=np.int64,
-                            count=k)
-        # at a key the decision function is its gradient g = 2 sum_j a_j k(x, x_j) - 1 + rho
-        fresh = solver.decision_function(solver._Xt[:, slots].T)
-        return k, _largest(solver._grad[slots] - fresh)
+        return chosen
 
-    def _inverse(self, solver, k):
-        """The next k columns of R M - I (maintained inverse R, bordered system M)."""
-        m = solver._m
+    def _next_columns(self, m, k):
+        """The next k columns of the (m + 1)-square bordered system, advancing the cursor."""
         if m == 0:
-            return 0, 0.0
+            return np.zeros(0, dtype=np.int64)
         size = m + 1
         cols = (self.next_column + np.arange(k)) % size
         self.next_column = int((self.next_column + k) % size)
-        S = solver._S[:m]
-        block = np.empty((size, k))
-        for j, c in enumerate(cols):
-            if c == 0:
-                block[0, j] = 0.0
-                block[1:, j] = 1.0
-            else:
-                block[0, j] = 1.0
-                block[1:, j] = 2.0 * solver._KSt[:m, S[c - 1]]
-        product = solver._R[:size, :size] @ block
-        product[cols, np.arange(k)] -= 1.0
-        return k, _largest(product)
+        return cols

@@ -1,12 +1,13 @@
 """The store: :class:`ForgettableMemory`, its operations, queries and persistence calls.
 
 The record table, the value codec, the file format and the atomic write live in their own
-modules of :mod:`svtoolkit.memory`; this one ties them to the exact solver.
+modules of :mod:`svtoolkit.memory`, as do what a save writes and how a load rebuilds and
+verifies a memory (``_persistence``) and what a receipt certifies (``_certificates``); this one
+ties them to the exact solver.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import numbers
 import struct
@@ -17,15 +18,14 @@ import warnings
 import numpy as np
 
 from .._rules import FEASIBILITY_TOL
-from .._validation import as_key, as_keys, check_option, check_positive, check_sigma
+from .._validation import as_key, as_keys, check_positive, check_sigma
 from ..exact import IncrementalSVDD, SolverFailure
-from . import _atomic, _format, _table
+from . import _atomic, _certificates, _format, _persistence, _table
 from ._audit import RollingAudit
-from ._codec import (check_new_record_id, check_record_id, check_utf8, decode_value,
-                     encode_value, non_canonical_values)
+from ._codec import check_new_record_id, decode_value, encode_value
 from ._errors import BudgetExceededWarning, MemoryFileError, ReceiptError, StaleStateError
 from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, Hit, verify_receipt
-from ._signing import check_key, receipt_mac
+from ._signing import check_key
 
 __all__ = ["ForgettableMemory", "Hit", "DEFAULT_MIN_SIMILARITY"]
 
@@ -35,14 +35,7 @@ DEFAULT_MIN_SIMILARITY = 0.5
 #: keys while that costs at most this many multiply-adds (``n |support| d``; ~10 ms on one core);
 #: above it they use the maintained certificate (see ``docs/memory.md``, "Verification levels").
 FRESH_KKT_WORK = 50_000_000
-_VERIFY_LEVELS = ("auto", "full", "maintained")
 _UNCHANGED = object()
-
-
-def _check_verify(verify, allowed=(True, False, "auto", "full", "maintained")):
-    """The verification level ``verify`` names (``True`` is ``"auto"``); refuse others."""
-    verify = check_option(verify, "verify", allowed)
-    return "auto" if verify is True else verify
 
 
 def _check_budget(budget, C):
@@ -364,35 +357,6 @@ class ForgettableMemory:
         self._table.coefficients_changed()
         return self._rolling.step(self._solver)
 
-    def _fresh_work(self):
-        """``n |support| d``: the multiply-adds of a fresh evaluation of every gradient."""
-        s = self._solver
-        n = s._n
-        return n * int(np.count_nonzero(s._alpha[:n])) * (s.n_features or 0)
-
-    def _maintained_kkt(self):
-        """The KKT residual evaluated on the gradients the walk maintains (O(n))."""
-        s = self._solver
-        return float(s._kkt_from(s._grad[: s._n])) if s._n else 0.0
-
-    def _kkt_residual(self, verify):
-        """``(residual, kkt_source)`` for a receipt (see :class:`DeletionReceipt`).
-
-        Computed once per solver state: a value-only edit leaves the solver untouched and
-        reuses the value (``"cached ..."``). ``"auto"`` recomputes every gradient from the
-        keys when that costs at most :data:`FRESH_KKT_WORK`, else uses the maintained ones.
-        """
-        if verify is False:
-            return None, None
-        if self._kkt is not None and (verify != "full" or self._kkt[1] == "fresh"):
-            return self._kkt[0], f"cached {self._kkt[1]}"
-        fresh = verify == "full" or (verify == "auto" and self._fresh_work() <= FRESH_KKT_WORK)
-        if fresh:
-            self._kkt = (float(self._solver.kkt_residual()), "fresh")
-        else:
-            self._kkt = (self._maintained_kkt(), "maintained")
-        return self._kkt
-
     # ------------------------------------------------------------------ digest
     def state_digest(self):
         """sha256 (hex) of the exact state.
@@ -663,7 +627,7 @@ class ForgettableMemory:
         KeyError
             Unknown id, or an id already forgotten or evicted. Nothing changes.
         """
-        verify = _check_verify(verify)
+        verify = _certificates.check_verify(verify)
         with self._lock:
             sid, _ = self._lookup(record_id)
             before = self.state_digest()
@@ -673,8 +637,8 @@ class ForgettableMemory:
             self._drop(record_id, "forgotten", when)
             checked = self._changed()
             self._last_evicted = ()
-            return self._receipt("forget", record_id, when, before, [removed], audit, verify,
-                                 checked)
+            return _certificates.receipt(self, "forget", record_id, when, before, [removed],
+                                         audit, verify, checked, FRESH_KKT_WORK)
 
     def edit(self, record_id, *, value=_UNCHANGED, key=None, audit=False, verify=True):
         """Change a record: an exact remove-and-add.
@@ -702,7 +666,7 @@ class ForgettableMemory:
         DeletionReceipt
             ``operation="edit"``.
         """
-        verify = _check_verify(verify)
+        verify = _certificates.check_verify(verify)
         with self._lock:
             sid, old_text = self._lookup(record_id)
             if key is None and value is _UNCHANGED:
@@ -723,8 +687,8 @@ class ForgettableMemory:
                 probes = [old_key, new_key]
             checked = self._changed(solver=new_key is not None)
             self._last_evicted = ()
-            return self._receipt("edit", record_id, when, before, probes, audit, verify,
-                                 checked)
+            return _certificates.receipt(self, "edit", record_id, when, before, probes, audit,
+                                         verify, checked, FRESH_KKT_WORK)
 
     def _replace_key(self, record_id, sid, old_key, old_text, new_key, new_text, leaf):
         """Exact remove of the old key and add of the new one (the edit's solver part)."""
@@ -742,38 +706,6 @@ class ForgettableMemory:
                 "the old key and value were re-admitted at the end of the order"
             ) from exc
         self._table.insert(int(new_sid), new_key, record_id, new_text, leaf)
-
-    def _receipt(self, operation, record_id, when, before, probes, audit, verify, checked):
-        deviation = None
-        if audit and len(self._table):
-            deviation = self._fresh_deviation(np.vstack(probes))
-        kkt, source = self._kkt_residual(verify)
-        receipt = DeletionReceipt(
-            operation=operation,
-            record_id=record_id,
-            time=when,
-            kkt_residual=kkt,
-            kkt_source=source,
-            rolling_audit=checked,
-            digest_before=before,
-            digest_after=self.state_digest(),
-            n_records=len(self._table),
-            certified=self._solver.certified,
-            audit_deviation=deviation,
-            revision=self._revision,
-        )
-        if self._signing_key is None:
-            return receipt
-        return dataclasses.replace(receipt, mac=receipt_mac(self._signing_key,
-                                                            receipt.signed_fields()))
-
-    def _fresh_deviation(self, extra_probes=None):
-        keys = self._solver.keys
-        fresh = IncrementalSVDD(self._solver.C, self._solver.sigma)
-        fresh.extend(keys)
-        probes = keys if extra_probes is None else np.vstack([keys, extra_probes])
-        return float(np.max(np.abs(self._solver.decision_function(probes)
-                                   - fresh.decision_function(probes))))
 
     # ------------------------------------------------------------------ reading
     def query(self, q, k=1, *, min_similarity=None):
@@ -859,7 +791,8 @@ class ForgettableMemory:
                 n_reserve=len(s.reserve_ids),
                 certified=s.certified,
                 kkt_residual=self._kkt[0],
-                fresh_deviation=self._fresh_deviation(extra) if len(self._table) else None,
+                fresh_deviation=(_certificates.fresh_deviation(s, extra) if len(self._table)
+                                 else None),
                 digest=self.state_digest(),
                 budget=self._budget,
                 over_budget=self.over_budget,
@@ -916,25 +849,7 @@ class ForgettableMemory:
                     f"{path} is a signed store: saving this memory without its signing key "
                     "would replace it unsigned (load it with key=..., or pass key= to save); "
                     "nothing was written")
-            _atomic.atomic_write(path, self._serialize(key))
-
-    def _serialize(self, key):
-        records = self._table.file_records(self._solver.ids)
-        return _format.serialize(
-            self._solver.state_dict(),
-            config={"C": self.C, "sigma": self.sigma, "nu": self._nu, "n0": self._n0,
-                    "budget": self._budget, "min_similarity": self._min_similarity},
-            metadata_text=self._metadata_text,
-            records=records,
-            tombstones=[[rid, reason, when] for rid, (reason, when) in
-                        self._tombstones.items()],
-            next_auto=self._next_auto,
-            revision=self._revision,
-            digest=self.state_digest(),
-            audit_cursor=self._rolling.cursor(),
-            receipt_chain=self._receipt_chain,
-            key=key,
-        )
+            _atomic.atomic_write(path, _persistence.file_contents(self, key))
 
     @classmethod
     def load(cls, path, *, key=None, verify="auto", check_kkt=True):
@@ -1004,108 +919,18 @@ class ForgettableMemory:
             The file cannot be read.
         """
         key = None if key is None else check_key(key)
-        verify = _check_verify(verify, _VERIFY_LEVELS)
+        verify = _certificates.check_verify(verify, _certificates.VERIFY_LEVELS)
         data = _atomic.read_file(path)
         try:
-            return cls._from_contents(_format.parse_file(data, key), key,
-                                      verify if check_kkt else "none")
+            return _persistence.from_contents(cls, _format.parse_file(data, key), key,
+                                              verify if check_kkt else "none",
+                                              FRESH_KKT_WORK)
         except MemoryFileError as exc:
             raise type(exc)(f"{path}: {exc}") from None
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError,
                 struct.error) as exc:
             raise MemoryFileError(f"{path}: malformed contents ({type(exc).__name__}: "
                                   f"{exc})") from exc
-
-    @classmethod
-    def _from_contents(cls, contents, key, verify):
-        """A memory built by the constructor from a parsed file, then filled and verified."""
-        try:
-            solver = IncrementalSVDD.from_state_dict(contents.solver_state)
-        except ValueError as exc:
-            raise MemoryFileError(f"inconsistent solver state: {exc}") from exc
-        config = contents.config
-        if config["C"] != solver.C or config["sigma"] != solver.sigma:
-            raise MemoryFileError("configuration disagrees with the solver state (C, sigma)")
-        mem = cls(sigma=solver.sigma, C=solver.C, budget=config["budget"],
-                  min_similarity=config["min_similarity"],
-                  metadata=json.loads(contents.metadata_text), signing_key=key)
-        mem._restore(solver, contents, nu=config["nu"], n0=config["n0"])
-        if verify == "auto":
-            verify = "maintained" if key is not None and mem._fresh_work() > FRESH_KKT_WORK \
-                else "full"
-        if verify == "full":
-            found = solver.consistency()
-            _format.check_solver_numbers(found)
-            mem._kkt = (float(found.kkt_residual), "fresh")
-        elif verify == "maintained":
-            mem._kkt = (mem._maintained_kkt(), "maintained")
-            _format.check_maintained_numbers(mem._kkt[0])
-        mem._load_verification = verify
-        stored = mem.state_digest() if contents.version >= 2 else _table.state_digest_v1(
-            solver, mem._table, mem._budget, mem._min_similarity)
-        if stored != contents.digest:
-            raise MemoryFileError("state digest mismatch: the records differ from what was "
-                                  "saved")
-        return mem
-
-    def _restore(self, solver, contents, *, nu, n0):
-        """Install a loaded solver and its record table into this freshly built memory."""
-        solver.audit_every = 0  # the rolling audit replaces the solver's periodic one
-        self._solver = solver
-        self._rolling = RollingAudit(*contents.audit_cursor)
-        self._nu = None if nu is None else float(nu)
-        self._n0 = None if n0 is None else int(n0)
-        self._table = _table.RecordTable(solver.n_features)
-        records = contents.records
-        if [int(r[1]) for r in records] != solver.ids.tolist():
-            raise MemoryFileError("record table does not match the solver's keys")
-        ids, texts = self._checked_records(records)
-        keys = solver.keys
-        try:
-            leaves = _table.record_leaves(ids, keys, texts)
-        except UnicodeEncodeError:
-            for record_id, text in zip(ids, texts):
-                check_record_id(record_id)
-                check_utf8(text, f"value of {record_id!r}")
-            raise
-        self._table.insert_many(solver.ids, keys, ids, texts, leaves)
-        self._tombstones = _format.parse_tombstones(contents.tombstones, self._table,
-                                                    check_record_id)
-        self._next_auto = contents.next_auto
-        self._revision = contents.revision
-        self._receipt_chain = contents.receipt_chain
-        self._digest = None
-        self._coefficients = None
-        self._kkt = None
-
-    @staticmethod
-    def _checked_records(records):
-        """Record ids and value texts of a file's record list, refusing bad ones.
-
-        Ids must be distinct non-empty str; values canonical JSON text (both checked in bulk:
-        the per-record work at 10^5 records is what a load spends most on).
-        """
-        ids, texts = [], []
-        for record_id, _, text in records:
-            ids.append(record_id)
-            texts.append(text)
-        if not all(isinstance(r, str) and r for r in ids):
-            for record_id in ids:
-                check_record_id(record_id)
-        if len(set(ids)) != len(ids):
-            seen = set()
-            for record_id in ids:
-                if record_id in seen:
-                    raise MemoryFileError(f"record id {record_id!r} appears twice")
-                seen.add(record_id)
-        for record_id, text in zip(ids, texts):
-            if not isinstance(text, str):
-                raise MemoryFileError(f"value of {record_id!r} is not JSON text")
-        bad = non_canonical_values(texts)
-        if bad is not None:
-            raise MemoryFileError(f"malformed contents: the value of {ids[bad]!r} is not "
-                                  "canonical JSON text")
-        return ids, texts
 
     def check_receipt(self, receipt):
         """Check that a signed receipt is authentic and that this memory is not older.

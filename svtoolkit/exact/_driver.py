@@ -1,0 +1,429 @@
+"""The exact solver's maintained state and its crossings into the walk's Numba kernels.
+
+:class:`WalkDriver` is the private base of :class:`~svtoolkit.exact.IncrementalSVDD`. It owns
+the state arrays (layout: :mod:`svtoolkit.exact._walk`), their allocation and growth, one walk
+or one rest state per kernel call (:mod:`svtoolkit.exact._walk`, :mod:`svtoolkit.exact._rest`),
+slot insertion and deletion with the id bookkeeping that follows them, the warm-up anchor and
+the vertex n C = 1, polish and refactorisation, and the rebuild after a failed walk. The public
+class adds input validation, the operations, the bulk build, views, persistence and the audit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _consistency as CS
+from . import _walk as W
+from ._rest import remove_and_settle, settle
+
+__all__ = ["SolverFailure", "WalkDriver"]
+
+
+class SolverFailure(RuntimeError):
+    """The exact walk could not finish (event limit or no admissible event).
+
+    Raised after the solver has been rebuilt from the keys it held before the operation, so
+    the state is that of a fresh solve of those keys.
+    """
+
+
+class WalkDriver:
+    """The maintained state of the exact walk and every call into its kernels.
+
+    Parameters
+    ----------
+    C, sigma : float
+        Box constraint and RBF kernel width, validated by the caller.
+
+    Attributes
+    ----------
+    max_events : int or None
+        Event limit of one walk (None: 50 n + 1000).
+    n_polishes, n_refactorizations, n_rebuilds : int
+        Counters of :meth:`_polish`, :meth:`_refactorize` and :meth:`_rebuild`.
+    """
+
+    def __init__(self, C, sigma):
+        self._C = C
+        self._sigma = sigma
+        self.max_events = None  # None: 50 n + 1000 events per walk
+        self._rebuilding = False
+        self._d = None
+        self._next_id = 0
+        self._slot_of = {}
+        self.n_refactorizations = 0
+        self.n_polishes = 0
+        self._probe_tol = W.PROBE_TOL
+        self.n_rebuilds = 0
+        self._allocate(d=1, cap=16, mcap=8)
+        self._d = None
+
+    # ------------------------------------------------------------------ state and allocation
+    def _allocate(self, d, cap, mcap):
+        self._Xt = np.zeros((d, cap))
+        self._ids = np.full(cap, -2, dtype=np.int64)
+        self._alpha = np.zeros(cap)
+        self._grad = np.zeros(cap)
+        self._status = np.zeros(cap, dtype=np.int8)
+        self._spos = np.full(cap, -1, dtype=np.int64)
+        self._blocked = np.full(cap, -1, dtype=np.int64)
+        self._kc = np.zeros(cap)
+        self._gam = np.zeros(cap)
+        self._S = np.zeros(mcap, dtype=np.int64)
+        self._KSt = np.zeros((mcap, cap))
+        self._R = np.zeros((mcap + 1, mcap + 1))
+        self._beta = np.zeros(mcap + 1)
+        self._bk = np.zeros(mcap + 1)
+        self._vbuf = np.zeros(mcap + 1)
+        self._fs = np.empty(W.FS_SIZE)
+        self._fs[[W._RHO, W._C, W._INV_SIGMA2, W._MIN_PIVOT]] = (0.0, self._C,
+                                                                 1.0 / self._sigma**2, np.inf)
+        self._order_cache = None
+        self._ist = np.zeros(W.IST_SIZE, dtype=np.int64)
+        self._ist[[W._ANCHOR, W._LAST_LEFT, W._LAST_JOINED, W._CUR_C, W._SETTLED]] = -1
+
+    def _ensure_slots(self, needed):
+        cap = self._Xt.shape[1]
+        if needed <= cap:
+            return
+        new = max(needed, 2 * cap)
+        n = self._n
+
+        def grow(a, fill):
+            out = np.full((new,) + a.shape[1:], fill, dtype=a.dtype)
+            out[:n] = a[:n]
+            return out
+
+        Xt = np.zeros((self._Xt.shape[0], new))
+        Xt[:, :n] = self._Xt[:, :n]
+        self._Xt = Xt
+        self._ids = grow(self._ids, -2)
+        self._alpha = grow(self._alpha, 0.0)
+        self._grad = grow(self._grad, 0.0)
+        self._status = grow(self._status, 0)
+        self._spos = grow(self._spos, -1)
+        self._blocked = grow(self._blocked, -1)
+        self._kc = np.zeros(new)
+        self._gam = np.zeros(new)
+        KSt = np.zeros((self._KSt.shape[0], new))
+        KSt[:, :n] = self._KSt[:, :n]
+        self._KSt = KSt
+
+    def _grow_margin(self):
+        mcap = self._S.shape[0]
+        new = 2 * mcap
+        m = self._m
+        S = np.zeros(new, dtype=np.int64)
+        S[:m] = self._S[:m]
+        KSt = np.zeros((new, self._KSt.shape[1]))
+        KSt[:m] = self._KSt[:m]
+        R = np.zeros((new + 1, new + 1))
+        R[: m + 1, : m + 1] = self._R[: m + 1, : m + 1]
+        self._S, self._KSt, self._R = S, KSt, R
+        self._beta = np.zeros(new + 1)
+        self._bk = np.zeros(new + 1)
+        self._vbuf = np.zeros(new + 1)
+
+    @property
+    def _n(self):
+        return int(self._ist[W._N])
+
+    @property
+    def _m(self):
+        return int(self._ist[W._M])
+
+    @property
+    def _anchor(self):
+        return int(self._ist[W._ANCHOR])
+
+    # ------------------------------------------------------------------ the walk
+    def _event_limit(self):
+        if self.max_events is None or self._rebuilding:
+            return 50 * self._n + 1000
+        return self.max_events
+
+    def _arrays(self):
+        return (
+            self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos, self._S,
+            self._KSt, self._R, self._kc, self._gam, self._beta, self._bk, self._vbuf,
+            self._blocked, self._fs, self._ist,
+        )
+
+    def _check(self, code):
+        """True when the kernel asked for more margin capacity (granted); raise on failure."""
+        if code == W.DONE:
+            return False
+        if code == W.NEED_MARGIN_CAPACITY:
+            self._grow_margin()
+            return True
+        self._ist[W._CUR_C] = -1
+        reason = {
+            W.TOO_MANY_EVENTS: f"more than {self._event_limit()} events in one walk",
+            W.NO_EVENT: "no admissible event (numerically infeasible step)",
+            W.INCONSISTENT: "the state at rest violates sum(a) = 1 or the box "
+                            "(numerically degenerate keys)",
+        }[code]
+        raise SolverFailure(reason)
+
+    def _walk(self, c, mode, kc_ready=False):
+        """Run one exact walk of slot c, then relax any sign violators (see _rest.repair)."""
+        code = W.walk(*self._arrays(), c, mode, kc_ready, self._event_limit())
+        while self._check(code):
+            code = W.walk(*self._arrays(), c, mode, False, self._event_limit())
+
+    def _insert(self, x, new_id, is_anchor=False):
+        self._ensure_slots(self._n + 1)
+        slot = W.insert_slot(
+            x, new_id, self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos,
+            self._S, self._KSt, self._blocked, self._kc, self._fs, self._ist, is_anchor,
+        )
+        if self._order_cache is not None and not is_anchor:
+            if len(self._sorted_ids) and new_id < self._sorted_ids[-1]:
+                self._order_cache = None  # a rebuild re-admitting old ids out of order
+            else:
+                self._order_cache = np.append(self._order_cache, slot)
+                self._sorted_ids = np.append(self._sorted_ids, new_id)
+        return slot
+
+    def _delete(self, slot):
+        deleted_id = int(self._ids[slot])
+        moved = W.delete_slot(
+            slot, self._Xt, self._ids, self._alpha, self._grad, self._status, self._spos,
+            self._S, self._KSt, self._blocked, self._ist,
+        )
+        self._after_delete(slot, deleted_id, moved)
+
+    def _after_delete(self, slot, deleted_id, moved):
+        """The Python side of ``_walk.delete_slot``: id -> slot map and the id-order cache."""
+        moved_id = int(self._ids[slot]) if moved >= 0 else -1
+        if moved_id >= 0:
+            self._slot_of[moved_id] = slot
+        if self._order_cache is not None:
+            if deleted_id >= 0:  # close the gap in place (no new arrays per deletion)
+                pos = int(self._sorted_ids.searchsorted(deleted_id))
+                order, sorted_ids = self._order_cache, self._sorted_ids
+                order[pos:-1] = order[pos + 1:]
+                sorted_ids[pos:-1] = sorted_ids[pos + 1:]
+                self._order_cache, self._sorted_ids = order[:-1], sorted_ids[:-1]
+            if moved_id >= 0:
+                self._order_cache[int(self._sorted_ids.searchsorted(moved_id))] = slot
+
+    def _start(self):
+        """Empty -> {anchor} holding all the mass: a_anchor = 1, S = {anchor}, rho = -1."""
+        slot = self._insert(np.zeros(self._d), -1, is_anchor=True)
+        self._alpha[slot] = 1.0
+        self._grad[slot] = 0.0
+        self._status[slot] = W.MARGIN
+        self._spos[slot] = 0
+        self._S[0] = slot
+        self._KSt[0, slot] = 0.0  # K'(anchor, anchor) = k - 1 = 0
+        self._R[:2, :2] = [[0.0, 1.0], [1.0, 0.0]]
+        self._ist[W._M] = 1
+        self._fs[W._RHO] = 0.0  # g_anchor = 2 K'_aa a_a + rho' = rho' = 0, i.e. rho = -1
+
+    def _feasible(self, n_real):
+        return n_real * self._C >= 1.0 - W.FEASIBILITY_TOL
+
+    def _on_vertex(self, n_real):
+        """True when n_real keys have a single feasible point: n C = 1 to FEASIBILITY_TOL
+        (from either side), where a = C for every key is the only way to sum to one."""
+        return abs(n_real * self._C - 1.0) <= W.FEASIBILITY_TOL
+
+    def _admit_anchor(self):
+        slot = self._insert(np.zeros(self._d), -1, is_anchor=True)
+        self._walk(slot, W.ADMIT, kc_ready=True)
+
+    def _drop_anchor(self):
+        """Warm-up ends: the anchor's mass goes back to the keys by an exact decrement.
+
+        When n C = 1 (to FEASIBILITY_TOL) the only feasible point is a = C for every key, with
+        S empty: it is set directly instead of walked to, since the walk would have to end on
+        a rounding residue of the anchor's mass.
+        """
+        slot = self._anchor
+        if not self._on_vertex(len(self)):
+            self._walk(slot, W.REMOVE)
+            self._delete(slot)
+            return
+        self._land_on_vertex(slot)
+
+    def _land_on_vertex(self, slot):
+        """Delete ``slot`` (the anchor, or a key whose deletion leaves n C = 1) and put every
+        other key at a = C with S empty: the only feasible point of what remains.
+
+        The gradients are evaluated from the keys and the caller's :meth:`_settle` puts rho
+        in its optimal interval (its upper end, since no key has a = 0). A fresh solve of the
+        same keys ends warm-up here too (:meth:`_drop_anchor`), so a deletion that lands on
+        the vertex and a fresh solve take the same steps from the same coefficients.
+        """
+        n = self._n
+        self._ist[W._M] = 0
+        self._spos[:n] = -1
+        self._status[:n] = W.ERROR
+        self._alpha[:n] = self._C
+        self._alpha[slot] = 0.0
+        self._status[slot] = W.MOVING
+        self._delete(slot)
+        n = self._n
+        self._grad[:n] = self._fresh_gradients()
+        self._ist[W._SETTLED] = -1
+
+    def _settle(self, polish_allowed=True):
+        """Bring the state to rest in canonical form (see ``_rest.settle``); a caller that has
+        just factorised the inverse and evaluated every gradient passes polish_allowed=False
+        (a polish would recompute the same)."""
+        limit, repairs = self._event_limit(), 10 * self._n + 10
+        while True:
+            code = settle(*self._arrays(), limit, repairs, polish_allowed, self._probe_tol)
+            if code == W.NEED_POLISH:
+                self._polish()
+                polish_allowed = False
+            elif not self._check(code):
+                return
+
+    def _reset(self):
+        d = self._d
+        self._allocate(d=d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
+        self._slot_of = {}
+        self._probe_tol = W.PROBE_TOL
+
+    def _add_checked(self, x, new_id):
+        if self._n == 0:
+            self._start()
+        slot = self._insert(x, new_id)
+        self._next_id = new_id + 1
+        self._slot_of[new_id] = slot
+        self._walk(slot, W.ADMIT, kc_ready=True)
+        if self._anchor >= 0 and self._feasible(len(self)):
+            self._settle()
+            self._drop_anchor()
+        self._settle()
+
+    def _remove_slot(self, slot, key_id):
+        """Walk slot to 0, delete it and settle: one kernel call (``_rest.remove_and_settle``)
+        unless the walk needs more margin capacity or the settle a polish."""
+        moved, code = remove_and_settle(*self._arrays(), slot, self._event_limit(),
+                                          10 * self._n, self._probe_tol)
+        if moved == -2:  # the walk stopped: resume it the usual way
+            self._check(code)
+            self._walk(slot, W.REMOVE)
+            del self._slot_of[key_id]
+            self._delete(slot)
+            self._settle()
+            return
+        del self._slot_of[key_id]
+        self._after_delete(slot, key_id, moved)
+        if code == W.NEED_POLISH:
+            self._polish()
+            self._settle(polish_allowed=False)
+        elif code != W.DONE and self._check(code):
+            self._settle()
+
+    def _order(self):
+        """Slots of the keys in id (insertion) order.
+
+        Cached with the sorted ids and kept up to date by ``_insert`` / ``_delete`` in O(n)
+        memory moves (ids only grow, so an admission appends); rebuilt by a sort when unset.
+        """
+        if self._order_cache is None:
+            n = self._n
+            real = np.flatnonzero(self._ids[:n] >= 0)
+            self._order_cache = real[np.argsort(self._ids[real], kind="stable")]
+            self._sorted_ids = self._ids[self._order_cache]
+        return self._order_cache
+
+    def _fresh_gradients(self):
+        """Every slot's gradient from the keys, shape (n,) (``_consistency.fresh_gradients``)."""
+        return CS.fresh_gradients(self._Xt, self._alpha, self._n, self._anchor, self._d,
+                                  self._fs[W._INV_SIGMA2], self._fs[W._RHO])
+
+    def _bordered(self):
+        """M' = [[0, 1^T], [1, 2 K'_SS]] of the current margin set, shape (m + 1, m + 1)."""
+        return CS.bordered_matrix(self._S, self._KSt, self._m)
+
+    # ------------------------------------------------------------------ polish and refactorisation
+    def _polish(self):
+        """Refresh the state of the current partition from scratch.
+
+        A fresh inverse of the bordered matrix and every gradient from the keys (the margin
+        gradients then hold the true equality residuals, which ``_rest.correct`` removes by a
+        walk that respects the bounds). Used when a step ran on small pivots, whose rounding
+        (~eps / pivot) the maintained state inherited. Cost O(m^3 + n |support| d).
+        """
+        self._fs[W._MIN_PIVOT] = np.inf
+        self._ist[W._SETTLED] = -1  # the refreshed state must be settled in full
+        m, n = self._m, self._n
+        self.n_polishes += 1
+        if m > 0:
+            self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+            self._calibrate_probe()
+        self._grad[:n] = self._fresh_gradients()
+
+    def _calibrate_probe(self):
+        """Set the inverse probe's threshold from a freshly factorised inverse: 4x its own probe
+        (the factorisation's rounding floor), within [PROBE_TOL, PROBE_TOL_MAX]. Without it a
+        large margin set whose fresh inverse already probes above PROBE_TOL (1.1e-11 at
+        m = 2048) would polish after every operation without improving anything."""
+        m = self._m
+        floor = W.inverse_probe_residual(self._R, m, self._S, self._KSt, self._vbuf, self._bk)
+        self._probe_tol = min(W.PROBE_TOL_MAX, max(W.PROBE_TOL, 4.0 * floor))
+
+    def _refactorize(self):
+        """After a failed audit: polish, then restore the canonical resting state."""
+        self._polish()
+        self._settle()
+        self.n_refactorizations += 1
+
+    # ------------------------------------------------------------------ failure handling
+    def _recover(self, exc, first_new_id=None, forget_dimension=False):
+        """After a failed walk: rebuild from the keys held before the operation, then raise.
+
+        The keys (and their ids) are intact - a walk never touches them - so the rebuilt
+        state is a fresh exact solve of exactly the keys the solver held before. Keys with
+        ids from ``first_new_id`` on (the failed admissions) are left out and their ids are
+        not consumed.
+        """
+        order = self._order()
+        ids = self._ids[order]
+        keep = ids < first_new_id if first_new_id is not None else np.ones(len(ids), bool)
+        ids, keys = ids[keep].copy(), self._Xt[:, order].T[keep].copy()
+        if first_new_id is not None:
+            self._next_id = first_new_id
+        self._rebuild(ids, keys)
+        if forget_dimension and len(self) == 0:
+            self._d = None  # the failed first key fixed no dimension
+        raise SolverFailure(
+            f"{exc}; the solver was rebuilt from the {len(ids)} keys it held before the "
+            "operation (a fresh exact solve of them)"
+        ) from exc
+
+    def _rebuild(self, ids, keys):
+        """Fresh solve of the given keys, keeping their ids (used after a failed walk).
+
+        If a walk of the rebuild fails too, the solver keeps the exact solve of the keys
+        admitted so far and a SolverFailure names the ids that were dropped; their keys are
+        on the exception (``dropped_ids``, ``dropped_keys``), so nothing is lost silently.
+        """
+        next_id = self._next_id
+        self._reset()
+        self._rebuilding = True  # with the default event limit, not a user override
+        done = 0
+        try:
+            for key_id, x in zip(ids, keys, strict=True):
+                self._add_checked(x, int(key_id))
+                done += 1
+        except SolverFailure as exc:
+            self._reset()  # the failed walk left a partial state: redo the admitted prefix
+            for key_id, x in zip(ids[:done], keys[:done], strict=True):
+                self._add_checked(x, int(key_id))
+            failure = SolverFailure(
+                f"{exc}; rebuilding after a failed walk failed too: the solver holds an exact "
+                f"solve of its first {done} of {len(ids)} keys; the other {len(ids) - done} "
+                f"(ids {ids[done]} on) were dropped - their ids and keys are on this "
+                "exception as dropped_ids and dropped_keys")
+            failure.dropped_ids, failure.dropped_keys = ids[done:].copy(), keys[done:].copy()
+            raise failure from exc
+        finally:
+            self._rebuilding = False
+            self._next_id = next_id
+        self.n_rebuilds += 1
