@@ -25,9 +25,9 @@ def test_rules_module_has_constants_only_and_no_imports():
         assert not isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)), \
             ast.dump(node)[:80]
     functions = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
-    assert functions == ["feasible"]
+    assert functions == ["feasible", "sums_to_one"]
     names = [n for n in vars(_rules) if n.isupper()]
-    assert {"FEASIBILITY_TOL", "FEASIBLE_FROM", "BATCHED_PARTITION_TOL",
+    assert {"FEASIBILITY_TOL", "FEASIBLE_FROM", "ERRORS_OVERFLOW_ABOVE", "BATCHED_PARTITION_TOL",
             "IPM_PARTITION_TOL", "RIDGE", "POWER_ITERS", "PROJECTION_MAX_ITER"} <= set(names)
 
 
@@ -54,6 +54,17 @@ def test_feasibility_tolerance_is_one_home():
             assert literal not in text, (name, literal)
 
 
+def test_the_rules_of_the_dual_are_not_written_out_again():
+    """Modules that decide feasibility, |E| C = 1 or the error overflow call the rule by name."""
+    users = ["reference.py", "torch/exact_gate.py", "torch/batched.py", "mlx/batched.py",
+             "_gate_core.py", "selection.py"]
+    for name in users:
+        text = (PACKAGE / name).read_text()
+        for literal in ("1.0 - FEASIBILITY_TOL", "1.0 + FEASIBILITY_TOL", "- 1.0) > FEASIB",
+                        "- 1.0) <= FEASIB"):
+            assert literal not in text, (name, literal)
+
+
 @pytest.mark.parametrize("n", [1, 2, 49, 54, 98, 103, 1000])
 def test_feasible_is_the_float64_rule_at_and_around_one(n):
     """``feasible`` is ``n C >= 1 - FEASIBILITY_TOL`` in float64, on both sides of n C = 1."""
@@ -64,6 +75,28 @@ def test_feasible_is_the_float64_rule_at_and_around_one(n):
     assert not _rules.feasible(n, C * (1.0 - 1e-13))         # a real shortfall: warm-up
     assert not _rules.feasible(n - 1, C)
     assert not _rules.feasible(0, 1.0)
+
+
+@pytest.mark.parametrize("n", [1, 49, 54, 98, 103, 1000])
+def test_sums_to_one_is_the_feasibility_slack_on_both_sides(n):
+    """``|n C - 1| <= FEASIBILITY_TOL``: C = 1/n and its neighbouring floats sum to one, a
+    real excess or shortfall does not."""
+    C = 1.0 / n
+    for c in (C, np.nextafter(C, 0.0), np.nextafter(C, 1.0)):
+        assert _rules.sums_to_one(n, c)
+    assert not _rules.sums_to_one(n, C * (1.0 + 1e-13))
+    assert not _rules.sums_to_one(n, C * (1.0 - 1e-13))
+    assert not _rules.sums_to_one(n + 1, C) and not _rules.sums_to_one(0, C)
+
+
+def test_error_overflow_starts_where_sums_to_one_ends():
+    """A count whose product with C is just above 1 but sums to one does not overflow."""
+    assert _rules.ERRORS_OVERFLOW_ABOVE == 1.0 + _rules.FEASIBILITY_TOL
+    for n in range(1, 2000):
+        for C in (1.0 / n, np.nextafter(1.0 / n, 1.0)):
+            overflow = n * C > _rules.ERRORS_OVERFLOW_ABOVE
+            assert not overflow and _rules.sums_to_one(n, C)
+            assert (n + 1) * C > _rules.ERRORS_OVERFLOW_ABOVE
 
 
 def test_the_two_partition_thresholds_have_different_names():

@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from .._rules import FEASIBILITY_TOL
+from .._rules import feasible, sums_to_one
 from .._validation import check_positive
 from ..exact import IncrementalSVDD
 from ._checks import as_numpy64, check_keys_shape, check_tensor
@@ -194,7 +194,7 @@ def svdd_gate(keys, *, C, sigma):
     check_tensor(keys, "keys", 2, "(n, d)")
     check_keys_shape(keys)
     n = keys.shape[0]
-    if n * C < 1.0 - FEASIBILITY_TOL:
+    if not feasible(n, C):
         raise ValueError(
             f"infeasible: n * C = {n * C:.6g} < 1 (warm-up); the exact gate needs n * C >= 1"
         )
@@ -277,7 +277,7 @@ def svdd_gate_from_gram(K, C, *, margin=None, error=None):
         rho = float(u[0])
         alpha[margin] = u[1:]
     else:
-        if abs(len(error) * C - 1.0) > FEASIBILITY_TOL:
+        if not sums_to_one(len(error), C):
             raise ValueError(
                 f"with an empty margin set sum(a) = |E| C must be 1; got {len(error) * C:.6g}"
             )
