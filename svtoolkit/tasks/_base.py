@@ -219,7 +219,7 @@ def nearest_value_accuracy(task, outputs):
     return float((d2.argmin(axis=-1) == task.answers).mean())
 
 
-# --- sampling helpers shared by the generators 
+# --- sampling helpers shared by the generators --------------------------------------------
 
 def rng_for(seed, stream):
     """A Generator for ``seed`` and a task-specific ``stream`` label.
