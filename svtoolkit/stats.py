@@ -38,7 +38,6 @@ Examples
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from dataclasses import asdict, dataclass
 

@@ -16,6 +16,8 @@ from svtoolkit import _rules
 from svtoolkit._validation import check_int, check_option, check_positive, check_real
 
 PACKAGE = Path(__file__).resolve().parent.parent / "svtoolkit"
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+TABLE_HEADER = "| name | module | value | reason |"
 
 
 # ------------------------------------------------------------------------------ rules module
@@ -97,6 +99,63 @@ def test_error_overflow_starts_where_sums_to_one_ends():
             overflow = n * C > _rules.ERRORS_OVERFLOW_ABOVE
             assert not overflow and _rules.sums_to_one(n, C)
             assert (n + 1) * C > _rules.ERRORS_OVERFLOW_ABOVE
+
+
+def _literal(text):
+    """The number a table cell's Python expression (``1e-15``, ``1 - 1e-15``, ``2**-53``)
+    stands for; only numbers and + - * / ** are allowed."""
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp):
+            ops = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__,
+                   ast.Div: float.__truediv__, ast.Pow: float.__pow__}
+            return ops[type(node.op)](float(value(node.left)), float(value(node.right)))
+        raise ValueError(f"not a numeric expression: {text!r}")
+
+    return value(ast.parse(text, mode="eval").body)
+
+
+def _tolerance_table():
+    """{name: (module, value)} from the one table of tolerances in docs/design.md."""
+    lines = DESIGN.read_text().splitlines()
+    start = lines.index(TABLE_HEADER) + 2
+    rows = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        name, module, value = (cell.strip("`") for cell in cells[:3])
+        assert name not in rows, f"{name} listed twice"
+        rows[name] = (module, _literal(value))
+    return rows
+
+
+def test_the_tolerance_table_lists_every_rule_with_its_value():
+    """docs/design.md's table holds every constant of _rules, and each value it gives
+    (module-local tolerances of the exact solver too) is the one its module defines."""
+    import importlib
+
+    rows = _tolerance_table()
+    constants = {n for n in vars(_rules) if n.isupper()}
+    assert constants <= set(rows), sorted(constants - set(rows))
+    for name, (module, value) in rows.items():
+        defined = getattr(importlib.import_module(module), name)
+        assert defined == value, (name, module, defined, value)
+    listed = {m for m, _ in rows.values()}
+    for module in listed - {"svtoolkit._rules"}:  # each listed module's tolerances, all of them
+        mod = importlib.import_module(module)
+        tolerances = {n for n in vars(mod) if n.isupper() and n.endswith(("_TOL", "_SNAP"))
+                      and getattr(mod, n) is not getattr(_rules, n, None)}
+        assert tolerances <= set(rows), (module, sorted(tolerances - set(rows)))
+
+
+def test_the_table_parser_reads_values_and_refuses_other_text():
+    assert _literal("1 - 1e-15") == _rules.FEASIBLE_FROM and _literal("2**-53") == 2.0**-53
+    with pytest.raises(ValueError):
+        _literal("C * 1e-12")
 
 
 def test_the_two_partition_thresholds_have_different_names():

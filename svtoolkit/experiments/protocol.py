@@ -24,12 +24,16 @@ from dataclasses import dataclass
 
 from .._validation import check_int, check_option, check_real
 
-__all__ = ["SPLIT_SEED_OFFSETS", "Protocol", "choose_lr", "plateau_reached", "split_seed",
-           "train_chunk_seed"]
+__all__ = ["SPLIT_SEED_OFFSETS", "TRAIN_CHUNK_STEPS", "Protocol", "choose_lr", "plateau_reached",
+           "split_seed", "train_chunk_seed"]
 
 #: Seed of each split for training seed ``s``: ``s + offset``. The test offset is the one of
 #: :func:`svtoolkit.tasks.heldout_seed`; the three streams never share a seed for s < 10 000.
 SPLIT_SEED_OFFSETS = {"train": 0, "test": 10_000, "validation": 20_000}
+#: Training instances (synthetic and recall studies alike) are generated in chunks of this many
+#: steps, each a pure function of (seed, chunk) (:func:`train_chunk_seed`), so the stream does
+#: not depend on when a run stops.
+TRAIN_CHUNK_STEPS = 50
 
 
 def split_seed(seed, split):
