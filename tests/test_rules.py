@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from svtoolkit import _rules
-from svtoolkit._validation import check_int, check_option, check_positive, check_real
+from svtoolkit._validation import check_bool, check_int, check_option, check_positive, check_real
 
 PACKAGE = Path(__file__).resolve().parent.parent / "svtoolkit"
 DESIGN = PACKAGE.parent / "docs" / "design.md"
@@ -175,6 +175,8 @@ def test_feasibility_slack_covers_the_rounding_of_one_over_n():
     (lambda: check_int(2.0, "chunk", min=1), TypeError, "chunk must be an int; got float"),
     (lambda: check_int(0, "chunk", min=1), ValueError, "chunk must be >= 1; got 0"),
     (lambda: check_int(9, "k", max=8), ValueError, "k must be <= 8; got 9"),
+    (lambda: check_int(0, "top_k", min=1, max=8), ValueError, r"top_k must be in \[1, 8\]; got 0"),
+    (lambda: check_bool(1, "ntk"), TypeError, "ntk must be a bool; got int"),
     (lambda: check_real("a", "C"), TypeError, "C must be a real number; got str"),
     (lambda: check_real(math.nan, "ridge", min=0), ValueError,
      "ridge must be finite and >= 0; got nan"),
@@ -194,6 +196,8 @@ def test_validators_accept_and_convert():
     assert check_real(np.float32(0.25), "C", min=0) == 0.25
     assert check_real(0.0, "tol", min=0.0, max=0.5, include_max=False) == 0.0
     assert check_option("auto", "backend", ("auto", "torch")) == "auto"
+    assert check_int(8, "top_k", min=1, max=8) == 8
+    assert check_bool(np.bool_(True), "ntk") is True
 
 
 # ------------------------------------------------------------------------------ warm-up
