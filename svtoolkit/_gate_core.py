@@ -176,8 +176,8 @@ def count_threshold(C, *, level=FEASIBLE_FROM, strict=False, limit=COUNT_MAX):
     Decided in float64 (the products ``k C`` are those torch evaluates). The real threshold
     ``level / C`` is within 2 of the integer one for every k up to 2**31 (exact in float64),
     so five candidates around its ceiling settle it without an open-ended search. With the
-    defaults it is the feasibility rule ``m C >= 1 - FEASIBILITY_TOL``; with
-    ``level = 1 + FEASIBILITY_TOL, strict=True`` the error-overflow rule ``|E| C > 1 + tol``.
+    defaults it is the feasibility rule (:func:`svtoolkit._rules.feasible`); with
+    ``level = ERRORS_OVERFLOW_ABOVE, strict=True`` the error-overflow rule ``|E| C > 1 + tol``.
     """
     def reaches(k):
         return k * C > level if strict else k * C >= level

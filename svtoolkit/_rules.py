@@ -1,9 +1,10 @@
 """Tolerances and fixed settings that more than one module of svtoolkit relies on.
 
-Constants (and the one feasibility predicate built on them) with no imports, so that every module (the Numba kernels included: they read
-module globals when they are compiled) can take them from here without an import cycle. A
-tolerance that only one module uses is defined in that module (the walk's own tolerances are
-in :mod:`svtoolkit.exact._walk`, with the table in ``docs/exact_solver.md``).
+Constants, and the two rules of the SVDD dual built on them (:func:`feasible`,
+:func:`sums_to_one`), with no imports, so that every module (the Numba kernels included: they
+read module globals when they are compiled) can take them from here without an import cycle.
+A tolerance that only one module uses is defined in that module. The table of tolerances in
+``docs/design.md`` lists every constant here and the module-local ones (tests check it).
 
 Changing a value here changes compiled kernels: clear the Numba cache (``__pycache__/*.nbi``,
 ``*.nbc``) afterwards, since the cache does not track imported constants.
@@ -43,6 +44,34 @@ def feasible(n, C):
     bool
     """
     return float(n) * float(C) >= FEASIBLE_FROM
+
+
+def sums_to_one(n, C):
+    """Whether ``n`` keys at ``a_i = C`` (an error set with no margin key) give ``sum(a) = 1``.
+
+    ``|n C - 1| <= FEASIBILITY_TOL`` in float64: the slack of :func:`feasible`, on both sides
+    of 1. Then ``a = C`` on those keys is the one feasible point they leave, and rho is only
+    known to lie in an interval.
+
+    Parameters
+    ----------
+    n : int
+        Number of keys at the upper bound (>= 0).
+    C : float
+        Box constraint.
+
+    Returns
+    -------
+    bool
+    """
+    return abs(float(n) * float(C) - 1.0) <= FEASIBILITY_TOL
+
+
+#: Error keys alone overflow the unit sum when ``|E| C > ERRORS_OVERFLOW_ABOVE`` (float64
+#: product): the batched path (torch, MLX) then flags its estimated partition invalid. The
+#: slack is :data:`FEASIBILITY_TOL` on the other side of 1, so that ``|E| = 1 / C`` keys with
+#: C rounded up by an ulp still sum to one (the same rounding as in :func:`feasible`).
+ERRORS_OVERFLOW_ABOVE = 1.0 + FEASIBILITY_TOL
 
 # --- rest state of the exact solver (and the reference's canonical form) -----------------------
 #: A margin coefficient within ``BOUND_SNAP * C`` of a bound is at that bound (the residue of

@@ -15,8 +15,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["as_keys", "as_key", "check_int", "check_real", "check_option", "check_positive",
-           "check_sigma", "largest_violation"]
+__all__ = ["as_keys", "as_key", "check_bool", "check_int", "check_real", "check_option",
+           "check_positive", "check_sigma", "largest_violation"]
 
 
 def _as_float_array(x, name):
@@ -72,16 +72,29 @@ def check_int(value, name, *, min=None, max=None):
     TypeError
         ``"{name} must be an int; got {type}"``.
     ValueError
-        ``"{name} must be >= {min}; got {value}"`` (or ``<= {max}``).
+        ``"{name} must be >= {min}; got {value}"`` (or ``<= {max}``, or ``in [{min}, {max}]``
+        when both bounds are given).
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int; got {type(value).__name__}")
     value = int(value)
-    if min is not None and value < min:
-        raise ValueError(f"{name} must be >= {min}; got {value}")
-    if max is not None and value > max:
-        raise ValueError(f"{name} must be <= {max}; got {value}")
+    if (min is not None and value < min) or (max is not None and value > max):
+        raise ValueError(f"{name} must be {_interval_text(min, max, True, True)}; got {value}")
     return value
+
+
+def check_bool(value, name):
+    """A bool (Python or NumPy), returned as ``bool``; ``TypeError`` otherwise (no truthiness:
+    ``0``, ``1`` or ``"yes"`` are refused).
+
+    Raises
+    ------
+    TypeError
+        ``"{name} must be a bool; got {type}"``.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
+    return bool(value)
 
 
 def _interval_text(min, max, include_min, include_max):

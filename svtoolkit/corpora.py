@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ._validation import check_int, check_real
 from .data import _package_file
 
 __all__ = [
@@ -112,7 +112,7 @@ def stdlib_source_bytes(*, max_bytes=None):
         tests).
     """
     if max_bytes is not None:
-        _check_positive_int("max_bytes", max_bytes)
+        check_int(max_bytes, "max_bytes", min=1)
     parts, size = [], 0
     for path in _stdlib_files():
         data = path.read_bytes()
@@ -154,7 +154,7 @@ def load_corpus(name="auto", *, max_bytes=None):
     if name == "stdlib":
         return stdlib_source_bytes(max_bytes=max_bytes)
     if max_bytes is not None:
-        _check_positive_int("max_bytes", max_bytes)
+        check_int(max_bytes, "max_bytes", min=1)
     data = kjv_bytes()
     return data if max_bytes is None else data[:max_bytes]
 
@@ -203,8 +203,7 @@ def byte_splits(data, *, val=0.05, test=0.05):
         Read-only ``uint8`` views of one copy of the data.
     """
     for label, frac in (("val", val), ("test", test)):
-        if isinstance(frac, bool) or not isinstance(frac, numbers.Real) or not 0 < frac < 1:
-            raise ValueError(f"{label} must be a fraction in (0, 1); got {frac!r}")
+        check_real(frac, label, min=0, max=1, include_min=False, include_max=False)
     if val + test >= 1:
         raise ValueError(f"val + test must be < 1; got {val + test}")
     arr = _as_byte_array(data)
@@ -313,7 +312,7 @@ def read_corpus_file(path, *, max_bytes=None):
     """
     path = _check_corpus_path(path)
     if max_bytes is not None:
-        _check_positive_int("max_bytes", max_bytes)
+        check_int(max_bytes, "max_bytes", min=1)
     if path.suffix.lower() != ".zip":
         _check_size(path, path.stat().st_size)
         with open(path, "rb") as fh:
@@ -357,7 +356,7 @@ def enwik8_splits(data, *, max_train_bytes=None):
     n_train, n_val, _ = ENWIK8_SPLIT
     train_end = n_train
     if max_train_bytes is not None:
-        train_end = min(n_train, _check_positive_int("max_train_bytes", max_train_bytes))
+        train_end = min(n_train, check_int(max_train_bytes, "max_train_bytes", min=1))
     return ByteSplits(arr[:train_end], arr[n_train:n_train + n_val], arr[n_train + n_val:])
 
 
@@ -413,8 +412,8 @@ class BatchSampler:
         self.data = np.asarray(data)
         if self.data.dtype != np.uint8 or self.data.ndim != 1:
             raise TypeError("data must be a 1-d uint8 array")
-        self.batch_size = _check_positive_int("batch_size", batch_size)
-        self.block = _check_positive_int("block", block)
+        self.batch_size = check_int(batch_size, "batch_size", min=1)
+        self.block = check_int(block, "block", min=1)
         if self.data.size < block + 1:
             raise ValueError(f"data has {self.data.size} bytes; a window needs block + 1 = "
                              f"{block + 1}")
@@ -445,8 +444,8 @@ def eval_batches(data, *, batch_size, block, max_bytes=None, rank=0, world_size=
     x, y : ndarray of shape (b, block), int64
         ``b <= batch_size``.
     """
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("block", block)
+    check_int(batch_size, "batch_size", min=1)
+    check_int(block, "block", min=1)
     data = np.asarray(data)
     if max_bytes is not None:
         data = data[:max_bytes]
@@ -457,8 +456,3 @@ def eval_batches(data, *, batch_size, block, max_bytes=None, rank=0, world_size=
         windows = data[starts[:, None] + np.arange(block + 1)].astype(np.int64)
         yield windows[:, :-1], windows[:, 1:]
 
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
-    return int(value)

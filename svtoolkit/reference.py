@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ._optional import require
-from ._rules import BOUND_SNAP, FEASIBILITY_TOL, IPM_PARTITION_TOL, SUM_ROUNDOFF
+from ._rules import BOUND_SNAP, IPM_PARTITION_TOL, SUM_ROUNDOFF, feasible, sums_to_one
 from ._validation import as_keys, check_option, check_positive, check_sigma, largest_violation
 from .kernels import rbf_kernel
 
@@ -35,19 +35,12 @@ __all__ = [
     "decision_function",
 ]
 
-#: Coefficients within this fraction of C of a bound are read as at the bound (the old name of
-#: :data:`svtoolkit._rules.IPM_PARTITION_TOL`, which gives its reason).
-PARTITION_TOL = IPM_PARTITION_TOL
 #: Sign conditions of the polished partition must hold to this (units of f).
 POLISH_SIGN_TOL = 1e-12
 #: A polished solution is accepted when its KKT residual is below this.
 POLISH_ACCEPT_TOL = 1e-9
 #: A bordered system with a larger condition number has (near) duplicate margin members.
 DEPENDENCE_COND = 1e10
-#: A polished margin coefficient within this fraction of C of a bound joins that bound's set
-#: (the exact solver's BOUND_SNAP, docs/exact_solver.md), so both report the same partition;
-#: so does one within the rounding bound of sum(a) (:func:`_sum_rounding`, the solver's rule).
-CANONICAL_BOUND_TOL = BOUND_SNAP
 
 
 def _sum_rounding(alpha):
@@ -202,7 +195,7 @@ def _polish(K, C, raw, max_repairs):
                 continue
         alpha, rho = _solve_partition(K, C, np.array(margin, int), np.array(error, int), n)
         if rho is None:
-            if abs(C * len(error) - 1.0) > FEASIBILITY_TOL:
+            if not sums_to_one(len(error), C):
                 # sum(a) = 1 needs a free coefficient: free the most interior raw point
                 bound = error + reserve
                 pick = bound[int(np.argmax(np.minimum(raw[bound], C - raw[bound])))]
@@ -252,12 +245,14 @@ def _polish(K, C, raw, max_repairs):
 
 
 def _canonical(K, C, alpha, rho, sets):
-    """Margin coefficients within rounding of a bound join that bound's set; with S then
-    empty, rho is the midpoint of its optimal interval (the solver's convention)."""
+    """Margin coefficients within ``BOUND_SNAP * C`` of a bound, or within the rounding bound
+    of sum(a) (:func:`_sum_rounding`), join that bound's set (the exact solver's rule, so both
+    report the same partition); with S then empty, rho is the midpoint of its optimal interval
+    (the solver's convention)."""
     margin, error, reserve = sets
     sum_tol = _sum_rounding(alpha)
-    at_upper = (alpha[margin] >= C * (1.0 - CANONICAL_BOUND_TOL)) | (C - alpha[margin] <= sum_tol)
-    at_lower = ~at_upper & ((alpha[margin] <= C * CANONICAL_BOUND_TOL)
+    at_upper = (alpha[margin] >= C * (1.0 - BOUND_SNAP)) | (C - alpha[margin] <= sum_tol)
+    at_lower = ~at_upper & ((alpha[margin] <= C * BOUND_SNAP)
                             | (alpha[margin] <= sum_tol))
     if not (at_upper.any() or at_lower.any()):
         return alpha, rho, sets
@@ -309,7 +304,7 @@ def solve_svdd(K, C, *, solver="CLARABEL", polish=True, max_repairs=None, verbos
     if not np.allclose(K, K.T, rtol=0.0, atol=1e-12):
         raise ValueError("K must be symmetric")
     n = K.shape[0]
-    if n * C < 1.0 - FEASIBILITY_TOL:
+    if not feasible(n, C):
         raise ValueError(
             f"infeasible: n * C = {n * C:.6g} < 1 (sum(a) = 1 with a <= C needs n * C >= 1)"
         )

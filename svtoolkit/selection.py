@@ -27,12 +27,11 @@ reference code of the paper accumulates).
 
 from __future__ import annotations
 
-import numbers
 import warnings
 
 import numpy as np
 
-from ._validation import as_keys
+from ._validation import as_keys, check_int
 from .exact import IncrementalSVDD
 from .kernels import rbf_kernel
 from .tasks.redundancy import SkewedContext, skewed_redundancy_context
@@ -49,14 +48,6 @@ __all__ = [
     "skewed_redundancy_context",
     "SkewedContext",
 ]
-
-
-def _check_budget(budget, n):
-    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
-        raise TypeError(f"budget must be an int; got {type(budget).__name__}")
-    if not 1 <= budget <= n:
-        raise ValueError(f"budget must be in [1, {n}]; got {budget}")
-    return int(budget)
 
 
 def _check_keep(keep, n):
@@ -165,7 +156,7 @@ def h2o_selection(keys, queries, budget, *, sigma, normalize=True):
     ndarray of int64, sorted
     """
     keys = as_keys(keys, "keys")
-    budget = _check_budget(budget, len(keys))
+    budget = check_int(budget, "budget", min=1, max=len(keys))
     return _top(h2o_scores(keys, queries, sigma=sigma, normalize=normalize), budget)
 
 
@@ -183,10 +174,8 @@ def h2o_streaming(keys, budget, *, sigma, normalize=True, recent=0):
     """
     keys = as_keys(keys, "keys")
     n = len(keys)
-    budget = _check_budget(budget, n)
-    if isinstance(recent, bool) or not isinstance(recent, numbers.Integral) or \
-            not 0 <= recent < budget:
-        raise ValueError(f"recent must be an int in [0, budget); got {recent!r}")
+    budget = check_int(budget, "budget", min=1, max=n)
+    recent = check_int(recent, "recent", min=0, max=budget - 1)  # recent < budget
     K = rbf_kernel(keys, sigma=sigma)
     cache = []
     score = np.zeros(n)
@@ -227,7 +216,7 @@ def certified_streaming(keys, budget, *, sigma, C):
     from .memory import BudgetExceededWarning, ForgettableMemory
 
     keys = as_keys(keys, "keys")
-    budget = _check_budget(budget, len(keys))
+    budget = check_int(budget, "budget", min=1, max=len(keys))
     mem = ForgettableMemory(sigma=sigma, C=C, budget=budget)
     peak = 0
     with warnings.catch_warnings():
@@ -241,17 +230,15 @@ def certified_streaming(keys, budget, *, sigma, C):
 
 def recency_selection(n, budget):
     """The last ``budget`` of ``n`` keys (a sliding window)."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n must be an integer >= 1; got {n!r}")
-    budget = _check_budget(budget, n)
+    n = check_int(n, "n", min=1)
+    budget = check_int(budget, "budget", min=1, max=n)
     return np.arange(n - budget, n, dtype=np.int64)
 
 
 def random_selection(n, budget, rng):
     """``budget`` of ``n`` keys uniformly at random (``rng``: a numpy Generator or a seed)."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n must be an integer >= 1; got {n!r}")
-    budget = _check_budget(budget, n)
+    n = check_int(n, "n", min=1)
+    budget = check_int(budget, "budget", min=1, max=n)
     rng = np.random.default_rng(rng)
     return np.sort(rng.choice(n, size=budget, replace=False)).astype(np.int64)
 

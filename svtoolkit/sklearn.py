@@ -32,6 +32,7 @@ from sklearn.base import BaseEstimator, OutlierMixin, _fit_context  # noqa: E402
 from sklearn.utils._param_validation import Interval, StrOptions  # noqa: E402
 from sklearn.utils.validation import check_is_fitted, validate_data  # noqa: E402
 
+from ._validation import check_sigma  # noqa: E402
 from .exact import IncrementalSVDD, SolverFailure  # noqa: E402
 
 __all__ = ["IncrementalOneClassSVM"]
@@ -314,11 +315,12 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         else:
             gamma = float(self.gamma)
         sigma = 1.0 / math.sqrt(gamma) if math.isfinite(gamma) and gamma > 0 else 0.0
-        tiny = np.finfo(np.float64).tiny
-        if not (math.isfinite(sigma) and tiny <= sigma * sigma < math.inf
-                and tiny <= gamma < math.inf):
+        try:
+            check_sigma(sigma)  # the solver's own check of the width it will be given
+        except ValueError:
             raise ValueError(f"gamma={self.gamma!r} resolves to {gamma!r}, outside the range "
-                             "the RBF kernel supports (1/gamma and gamma finite normal floats)")
+                             "the RBF kernel supports (1/gamma and gamma finite normal floats)"
+                             ) from None
         return gamma
 
     def _sync(self):

@@ -38,14 +38,13 @@ Examples
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import stats as _stats
 
-from ._validation import check_int
+from ._validation import check_int, check_real
 
 __all__ = [
     "PairedComparison",
@@ -92,10 +91,8 @@ def _as_pair(baseline, treatment):
 
 
 def _check_confidence(confidence):
-    if (isinstance(confidence, bool) or not isinstance(confidence, numbers.Real)
-            or not 0.0 < confidence < 1.0):
-        raise ValueError(f"confidence must be a number in (0, 1); got {confidence!r}")
-    return float(confidence)
+    return check_real(confidence, "confidence", min=0.0, max=1.0, include_min=False,
+                      include_max=False)
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -359,9 +356,7 @@ def success_count(values, threshold, *, confidence=0.95):
     SuccessCount
     """
     arr = _as_sample(values, "values")
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not (
-            math.isfinite(threshold)):
-        raise ValueError(f"threshold must be a finite number; got {threshold!r}")
+    threshold = check_real(threshold, "threshold")
     k = int((arr >= threshold).sum())
     low, high = clopper_pearson(k, int(arr.size), confidence)
     return SuccessCount(successes=k, trials=int(arr.size), threshold=float(threshold), low=low,
@@ -390,9 +385,7 @@ def bootstrap_mean_ci(values, confidence=0.95, *, n_resamples=10_000, seed=0):
     """
     arr = _as_sample(values, "values")
     confidence = _check_confidence(confidence)
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, numbers.Integral) or (
-            n_resamples < 1):
-        raise ValueError(f"n_resamples must be an int >= 1; got {n_resamples!r}")
+    n_resamples = check_int(n_resamples, "n_resamples", min=1)
     rng = np.random.default_rng(seed)
     means = arr[rng.integers(0, arr.size, size=(int(n_resamples), arr.size))].mean(axis=1)
     tail = (1.0 - confidence) / 2.0

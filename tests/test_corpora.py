@@ -109,5 +109,5 @@ def test_bad_files(tmp_path):
         read_corpus_file(3)
     ok = tmp_path / "ok.txt"
     ok.write_bytes(b"abcdef")
-    with pytest.raises(ValueError, match="max_bytes must be a positive integer"):
+    with pytest.raises(ValueError, match="max_bytes must be >= 1; got 0"):
         read_corpus_file(ok, max_bytes=0)

@@ -200,11 +200,11 @@ def test_generate_restores_training_mode_and_checks_arguments():
     assert model.training
     with pytest.raises(ValueError, match="exceeds the block size 16"):
         model.generate(prompt, 13)
-    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0; got -1"):
         model.generate(prompt, -1)
-    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="temperature must be finite and >= 0.0; got -1.0"):
         model.generate(prompt, 2, temperature=-1.0)
-    with pytest.raises(ValueError, match=r"top_k must be an int in \[1, vocab=256\]"):
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, 256\]; got 0"):
         model.generate(prompt, 2, top_k=0)
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
         model.generate(prompt, 2, generator=7)

@@ -90,7 +90,7 @@ def test_bad_arguments_are_rejected():
         softmax_attention(q, k, v, sinks=2)
     with pytest.raises(ValueError, match=r"window must be >= 1"):
         softmax_attention(q, k, v, window=0)
-    with pytest.raises(ValueError, match=r"sinks must be a non-negative int"):
+    with pytest.raises(ValueError, match=r"sinks must be >= 0; got -1"):
         softmax_attention(q, k, v, window=3, sinks=-1)
     with pytest.raises(ValueError, match=r"v must share \[B, T, H\]"):
         softmax_attention(q, k, v[:, :3])

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from svtoolkit import _rules
-from svtoolkit._validation import check_int, check_option, check_positive, check_real
+from svtoolkit._validation import check_bool, check_int, check_option, check_positive, check_real
 
 PACKAGE = Path(__file__).resolve().parent.parent / "svtoolkit"
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+TABLE_HEADER = "| name | module | value | reason |"
 
 
 # ------------------------------------------------------------------------------ rules module
@@ -25,9 +27,9 @@ def test_rules_module_has_constants_only_and_no_imports():
         assert not isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)), \
             ast.dump(node)[:80]
     functions = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
-    assert functions == ["feasible"]
+    assert functions == ["feasible", "sums_to_one"]
     names = [n for n in vars(_rules) if n.isupper()]
-    assert {"FEASIBILITY_TOL", "FEASIBLE_FROM", "BATCHED_PARTITION_TOL",
+    assert {"FEASIBILITY_TOL", "FEASIBLE_FROM", "ERRORS_OVERFLOW_ABOVE", "BATCHED_PARTITION_TOL",
             "IPM_PARTITION_TOL", "RIDGE", "POWER_ITERS", "PROJECTION_MAX_ITER"} <= set(names)
 
 
@@ -54,6 +56,17 @@ def test_feasibility_tolerance_is_one_home():
             assert literal not in text, (name, literal)
 
 
+def test_the_rules_of_the_dual_are_not_written_out_again():
+    """Modules that decide feasibility, |E| C = 1 or the error overflow call the rule by name."""
+    users = ["reference.py", "torch/exact_gate.py", "torch/batched.py", "mlx/batched.py",
+             "_gate_core.py", "selection.py"]
+    for name in users:
+        text = (PACKAGE / name).read_text()
+        for literal in ("1.0 - FEASIBILITY_TOL", "1.0 + FEASIBILITY_TOL", "- 1.0) > FEASIB",
+                        "- 1.0) <= FEASIB"):
+            assert literal not in text, (name, literal)
+
+
 @pytest.mark.parametrize("n", [1, 2, 49, 54, 98, 103, 1000])
 def test_feasible_is_the_float64_rule_at_and_around_one(n):
     """``feasible`` is ``n C >= 1 - FEASIBILITY_TOL`` in float64, on both sides of n C = 1."""
@@ -64,6 +77,85 @@ def test_feasible_is_the_float64_rule_at_and_around_one(n):
     assert not _rules.feasible(n, C * (1.0 - 1e-13))         # a real shortfall: warm-up
     assert not _rules.feasible(n - 1, C)
     assert not _rules.feasible(0, 1.0)
+
+
+@pytest.mark.parametrize("n", [1, 49, 54, 98, 103, 1000])
+def test_sums_to_one_is_the_feasibility_slack_on_both_sides(n):
+    """``|n C - 1| <= FEASIBILITY_TOL``: C = 1/n and its neighbouring floats sum to one, a
+    real excess or shortfall does not."""
+    C = 1.0 / n
+    for c in (C, np.nextafter(C, 0.0), np.nextafter(C, 1.0)):
+        assert _rules.sums_to_one(n, c)
+    assert not _rules.sums_to_one(n, C * (1.0 + 1e-13))
+    assert not _rules.sums_to_one(n, C * (1.0 - 1e-13))
+    assert not _rules.sums_to_one(n + 1, C) and not _rules.sums_to_one(0, C)
+
+
+def test_error_overflow_starts_where_sums_to_one_ends():
+    """A count whose product with C is just above 1 but sums to one does not overflow."""
+    assert _rules.ERRORS_OVERFLOW_ABOVE == 1.0 + _rules.FEASIBILITY_TOL
+    for n in range(1, 2000):
+        for C in (1.0 / n, np.nextafter(1.0 / n, 1.0)):
+            overflow = n * C > _rules.ERRORS_OVERFLOW_ABOVE
+            assert not overflow and _rules.sums_to_one(n, C)
+            assert (n + 1) * C > _rules.ERRORS_OVERFLOW_ABOVE
+
+
+def _literal(text):
+    """The number a table cell's Python expression (``1e-15``, ``1 - 1e-15``, ``2**-53``)
+    stands for; only numbers and + - * / ** are allowed."""
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp):
+            ops = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__,
+                   ast.Div: float.__truediv__, ast.Pow: float.__pow__}
+            return ops[type(node.op)](float(value(node.left)), float(value(node.right)))
+        raise ValueError(f"not a numeric expression: {text!r}")
+
+    return value(ast.parse(text, mode="eval").body)
+
+
+def _tolerance_table():
+    """{name: (module, value)} from the one table of tolerances in docs/design.md."""
+    lines = DESIGN.read_text().splitlines()
+    start = lines.index(TABLE_HEADER) + 2
+    rows = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        name, module, value = (cell.strip("`") for cell in cells[:3])
+        assert name not in rows, f"{name} listed twice"
+        rows[name] = (module, _literal(value))
+    return rows
+
+
+def test_the_tolerance_table_lists_every_rule_with_its_value():
+    """docs/design.md's table holds every constant of _rules, and each value it gives
+    (module-local tolerances of the exact solver too) is the one its module defines."""
+    import importlib
+
+    rows = _tolerance_table()
+    constants = {n for n in vars(_rules) if n.isupper()}
+    assert constants <= set(rows), sorted(constants - set(rows))
+    for name, (module, value) in rows.items():
+        defined = getattr(importlib.import_module(module), name)
+        assert defined == value, (name, module, defined, value)
+    listed = {m for m, _ in rows.values()}
+    for module in listed - {"svtoolkit._rules"}:  # each listed module's tolerances, all of them
+        mod = importlib.import_module(module)
+        tolerances = {n for n in vars(mod) if n.isupper() and n.endswith(("_TOL", "_SNAP"))
+                      and getattr(mod, n) is not getattr(_rules, n, None)}
+        assert tolerances <= set(rows), (module, sorted(tolerances - set(rows)))
+
+
+def test_the_table_parser_reads_values_and_refuses_other_text():
+    assert _literal("1 - 1e-15") == _rules.FEASIBLE_FROM and _literal("2**-53") == 2.0**-53
+    with pytest.raises(ValueError):
+        _literal("C * 1e-12")
 
 
 def test_the_two_partition_thresholds_have_different_names():
@@ -83,6 +175,8 @@ def test_feasibility_slack_covers_the_rounding_of_one_over_n():
     (lambda: check_int(2.0, "chunk", min=1), TypeError, "chunk must be an int; got float"),
     (lambda: check_int(0, "chunk", min=1), ValueError, "chunk must be >= 1; got 0"),
     (lambda: check_int(9, "k", max=8), ValueError, "k must be <= 8; got 9"),
+    (lambda: check_int(0, "top_k", min=1, max=8), ValueError, r"top_k must be in \[1, 8\]; got 0"),
+    (lambda: check_bool(1, "ntk"), TypeError, "ntk must be a bool; got int"),
     (lambda: check_real("a", "C"), TypeError, "C must be a real number; got str"),
     (lambda: check_real(math.nan, "ridge", min=0), ValueError,
      "ridge must be finite and >= 0; got nan"),
@@ -102,6 +196,8 @@ def test_validators_accept_and_convert():
     assert check_real(np.float32(0.25), "C", min=0) == 0.25
     assert check_real(0.0, "tol", min=0.0, max=0.5, include_max=False) == 0.0
     assert check_option("auto", "backend", ("auto", "torch")) == "auto"
+    assert check_int(8, "top_k", min=1, max=8) == 8
+    assert check_bool(np.bool_(True), "ntk") is True
 
 
 # ------------------------------------------------------------------------------ warm-up

@@ -125,9 +125,13 @@ def test_heldout_is_seed_plus_10000():
     assert train.inputs.shape == (5, 32)
 
 
-@pytest.mark.parametrize("seed", [-1, True, 1.5])
-def test_bad_seed_is_refused(seed):
-    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+@pytest.mark.parametrize("seed, error, match", [
+    (-1, ValueError, "seed must be >= 0; got -1"),
+    (True, TypeError, "seed must be an int; got bool"),
+    (1.5, TypeError, "seed must be an int; got float"),
+])
+def test_bad_seed_is_refused(seed, error, match):
+    with pytest.raises(error, match=match):
         mqar(2, seed=seed)
 
 
@@ -195,12 +199,16 @@ def test_mqar_blank_fill_and_power_law_placement():
     (dict(n_pairs=8, n_queries=8, seq_len=31), r"seq_len must be >= 2 \* n_pairs"),
     (dict(n_pairs=20, seq_len=128, vocab_size=40), "distinct keys need vocab_size >= 42"),
     (dict(n_pairs=0), "n_pairs must be >= 1"),
-    (dict(power_a=0.0), "power_a must be > 0"),
-    (dict(random_fill=1), "random_fill must be a bool"),
+    (dict(power_a=0.0), "power_a must be finite and > 0"),
 ])
 def test_mqar_refuses_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mqar(3, seed=0, **kwargs)
+
+
+def test_mqar_refuses_a_flag_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="random_fill must be a bool; got int"):
+        mqar(3, seed=0, random_fill=1)
 
 
 # --- vector tasks ----------------------------------------------------------------------------
@@ -247,7 +255,7 @@ def test_selective_copying_chance_and_errors():
     _assert_near_chance(_guess_accuracy(task, np.random.default_rng(2)), 0.125, 2000)
     with pytest.raises(ValueError, match="n_queries must be <= n_informative"):
         selective_copying(2, n_informative=2, n_queries=3, seed=0)
-    with pytest.raises(ValueError, match="filler_jitter must be >= 0"):
+    with pytest.raises(ValueError, match="filler_jitter must be finite and >= 0"):
         selective_copying(2, filler_jitter=-0.1, seed=0)
 
 
@@ -275,7 +283,7 @@ def test_capacity_exactly_orthogonal_chance_and_errors():
     _assert_near_chance(_guess_accuracy(task, np.random.default_rng(3)), 1 / 16, 2000)
     with pytest.raises(ValueError, match="d_key must be >= n_items"):
         near_orthogonal_capacity(2, n_items=40, d_key=32, seed=0)
-    with pytest.raises(ValueError, match="key_jitter must be < 1"):
+    with pytest.raises(ValueError, match=r"key_jitter must be finite and in \[0.0, 1.0\)"):
         near_orthogonal_capacity(2, key_jitter=1.0, seed=0)
 
 

@@ -130,7 +130,7 @@ def test_tinylm_rejects_bad_arguments():
         TinyLM(256, 16, 1, 2, 8, attn="flash")
     with pytest.raises(TypeError, match="attn_options must be a dict"):
         TinyLM(256, 16, 1, 2, 8, attn_options=[("chunk", 4)])
-    with pytest.raises(ValueError, match="dropout must be a number in"):
+    with pytest.raises(ValueError, match=r"dropout must be finite and in \[0.0, 1.0\); got 1.0"):
         TinyLM(256, 16, 1, 2, 8, dropout=1.0)
     with pytest.raises(ValueError, match="n_layers"):
         TinyLM(256, 16, 0, 2, 8)
@@ -176,7 +176,7 @@ def test_kjv_corpus_is_the_bible_read_without_importing_the_package():
 def test_corpus_names_are_checked():
     with pytest.raises(ValueError, match="unknown corpus 'enwik8'"):
         load_corpus("enwik8")
-    with pytest.raises(ValueError, match="max_bytes must be a positive integer"):
+    with pytest.raises(ValueError, match="max_bytes must be >= 1; got 0"):
         load_corpus("stdlib", max_bytes=0)
 
 
@@ -188,7 +188,7 @@ def test_byte_splits_are_contiguous_and_checked():
     assert joined.dtype == np.uint8 and joined.tobytes() == data
     again = byte_splits(np.frombuffer(data, dtype=np.uint8))
     assert again.train.size == 1844 and not again.train.flags.writeable
-    with pytest.raises(ValueError, match="val must be a fraction in"):
+    with pytest.raises(ValueError, match=r"val must be finite and in \(0, 1\); got 0.0"):
         byte_splits(data, val=0.0)
     with pytest.raises(ValueError, match="val \\+ test must be < 1"):
         byte_splits(data, val=0.6, test=0.5)

@@ -64,15 +64,16 @@ def test_config_is_frozen_and_checked():
     assert TrainConfig(steps=100).warmup == 5 and TrainConfig(steps=10).warmup == 1
     assert TrainConfig(warmup_steps=7).warmup == 7
     assert TrainConfig(betas=[0.8, 0.9]).betas == (0.8, 0.9)
-    for kwargs, message in [({"steps": 0}, "steps must be an int >= 1"),
-                            ({"lr": -1.0}, "lr must be a positive number"),
-                            ({"grad_clip": -1}, "grad_clip must be a number >= 0"),
-                            ({"min_lr_ratio": 2}, "min_lr_ratio must be in"),
+    for kwargs, message in [({"steps": 0}, "steps must be >= 1; got 0"),
+                            ({"lr": -1.0}, "lr must be finite and > 0; got -1.0"),
+                            ({"grad_clip": -1}, "grad_clip must be finite and >= 0.0; got -1.0"),
+                            ({"min_lr_ratio": 2},
+                             r"min_lr_ratio must be finite and in \[0.0, 1.0\]"),
                             ({"betas": (0.9,)}, "betas must be two numbers"),
                             ({"mode": "best"}, "mode must be one of 'max', 'min'; got 'best'"),
                             ({"device": "tpu"},
                              "device must be one of 'cpu', 'cuda', 'auto'; got 'tpu'"),
-                            ({"warmup_steps": 0}, "warmup_steps must be an int >= 1")]:
+                            ({"warmup_steps": 0}, "warmup_steps must be >= 1; got 0")]:
         with pytest.raises(ValueError, match=message):
             TrainConfig(**kwargs)
 

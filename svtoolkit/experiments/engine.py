@@ -24,13 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .protocol import Protocol, plateau_reached, split_seed, train_chunk_seed
+from .protocol import TRAIN_CHUNK_STEPS, Protocol, plateau_reached, split_seed, train_chunk_seed
 
 __all__ = ["VectorRecallModel", "pinned_threads", "probe_step_time", "run_cell"]
-
-#: Training instances are generated in chunks of this many steps (a pure function of the seed
-#: and the chunk index, so the stream does not depend on when a run stops).
-TRAIN_CHUNK_STEPS = 50
 
 
 @contextlib.contextmanager

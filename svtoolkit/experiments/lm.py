@@ -40,16 +40,12 @@ import numpy as np
 import torch
 
 from .engine import pinned_threads
-from .protocol import Protocol, plateau_reached, split_seed, train_chunk_seed
+from .protocol import TRAIN_CHUNK_STEPS, Protocol, plateau_reached, split_seed, train_chunk_seed
 
-__all__ = ["TRAIN_CHUNK_STEPS", "PeakMemory", "build_lm", "filler_evals", "load_byte_splits",
+__all__ = ["PeakMemory", "build_lm", "filler_evals", "load_byte_splits",
            "measure_sv_state", "probe_step_time", "recall_sequence_length", "run_bytes_cell",
            "run_cell", "run_recall_cell", "run_stream_cell", "stream_records", "stream_start",
            "streaming_state_bytes", "train_under_protocol", "weights_path"]
-
-#: Recall training instances are generated in chunks of this many steps (as the synthetic
-#: studies'), a pure function of (seed, chunk).
-TRAIN_CHUNK_STEPS = 50
 
 
 # ------------------------------------------------------------------------------ training

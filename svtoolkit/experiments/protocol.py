@@ -20,31 +20,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
 
-__all__ = ["SPLIT_SEED_OFFSETS", "Protocol", "choose_lr", "plateau_reached", "split_seed",
-           "train_chunk_seed"]
+from .._validation import check_int, check_option, check_real
+
+__all__ = ["SPLIT_SEED_OFFSETS", "TRAIN_CHUNK_STEPS", "Protocol", "choose_lr", "plateau_reached",
+           "split_seed", "train_chunk_seed"]
 
 #: Seed of each split for training seed ``s``: ``s + offset``. The test offset is the one of
 #: :func:`svtoolkit.tasks.heldout_seed`; the three streams never share a seed for s < 10 000.
 SPLIT_SEED_OFFSETS = {"train": 0, "test": 10_000, "validation": 20_000}
+#: Training instances (synthetic and recall studies alike) are generated in chunks of this many
+#: steps, each a pure function of (seed, chunk) (:func:`train_chunk_seed`), so the stream does
+#: not depend on when a run stops.
+TRAIN_CHUNK_STEPS = 50
 
 
 def split_seed(seed, split):
     """The generator seed of ``split`` ("train", "validation", "test") for training seed
     ``seed``."""
-    if split not in SPLIT_SEED_OFFSETS:
-        raise ValueError(f"split must be one of {sorted(SPLIT_SEED_OFFSETS)}; got {split!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 10_000:
-        raise ValueError(f"seed must be an int in [0, 10000); got {seed!r}")
-    return int(seed) + SPLIT_SEED_OFFSETS[split]
-
-
-def _positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
-    return int(value)
+    check_option(split, "split", tuple(SPLIT_SEED_OFFSETS))
+    return check_int(seed, "seed", min=0, max=9_999) + SPLIT_SEED_OFFSETS[split]
 
 
 @dataclass(frozen=True)
@@ -99,15 +95,14 @@ class Protocol:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         for name in ("max_steps", "batch_size", "eval_interval", "warmup_steps",
                      "n_validation", "n_test"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("min_steps", self.min_steps, 0)
+            check_int(getattr(self, name), name, min=1)
+        check_int(self.min_steps, "min_steps", min=0)
         if self.eval_interval > self.max_steps:
             raise ValueError(f"eval_interval ({self.eval_interval}) must be <= max_steps "
                              f"({self.max_steps})")
-        if not 0.0 < self.plateau_fraction <= 1.0:
-            raise ValueError(f"plateau_fraction must be in (0, 1]; got {self.plateau_fraction!r}")
-        if not self.plateau_rel >= 0.0:
-            raise ValueError(f"plateau_rel must be >= 0; got {self.plateau_rel!r}")
+        check_real(self.plateau_fraction, "plateau_fraction", min=0.0, max=1.0,
+                   include_min=False)
+        check_real(self.plateau_rel, "plateau_rel", min=0.0)
 
     @property
     def token_budget_sequences(self):
@@ -208,6 +203,4 @@ def train_chunk_seed(seed, chunk):
     """The generator seed of training chunk ``chunk`` (0-based) of training seed ``seed``:
     ``1_000_000 + 1000 * seed + chunk``, distinct from every validation and test seed."""
     split_seed(seed, "train")
-    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or not 0 <= chunk < 1000:
-        raise ValueError(f"chunk must be an int in [0, 1000); got {chunk!r}")
-    return 1_000_000 + 1000 * int(seed) + int(chunk)
+    return 1_000_000 + 1000 * int(seed) + check_int(chunk, "chunk", min=0, max=999)

@@ -44,6 +44,7 @@ import threading
 import time
 import warnings
 
+from .._validation import check_int
 from . import _atomic, _format
 from ._errors import MemoryFileError, ReceiptError, StaleStateError
 from ._receipts import advance, chain_line, check_chain, next_link, verify_receipt
@@ -277,10 +278,7 @@ class MemoryService:
 
             from ..embeddings import load_encoder
 
-            if isinstance(encoder_threads, bool) or not isinstance(encoder_threads, int) or \
-                    encoder_threads < 1:
-                raise ValueError(f"encoder_threads must be an integer >= 1; got "
-                                 f"{encoder_threads!r}")
+            check_int(encoder_threads, "encoder_threads", min=1)
             torch.set_num_threads(encoder_threads)
             model = load_encoder(backend="torch")  # once, at start-up: requests never wait
             self._encode = lambda text: model.encode(text)[0]

@@ -37,6 +37,7 @@ except ImportError as exc:
     raise ImportError("the memory server (svtoolkit memory serve) needs FastAPI and uvicorn, "
                       "which are not installed: pip install 'svtoolkit[serve]'") from exc
 
+from .._validation import check_int, check_positive
 from ..exact import SolverFailure
 from ..exact._warmup import warm_walk
 from ._codec import MAX_VALUE_BYTES
@@ -470,8 +471,7 @@ def create_app(store, *, token, signing_key=None, max_body_bytes=DEFAULT_MAX_BOD
         raise ValueError(f"token must be at least {MIN_TOKEN_CHARS} visible ASCII characters")
     for name, value in (("max_body_bytes", max_body_bytes),
                         ("max_value_bytes", max_value_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+        check_int(value, name, min=1)
     if max_value_bytes > MAX_VALUE_BYTES:
         raise ValueError(f"max_value_bytes must be at most {MAX_VALUE_BYTES} (the memory's own "
                          f"bound on a value); got {max_value_bytes}")
@@ -608,10 +608,7 @@ def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None
     Requests whose Host header does not name the bound address (``localhost`` too, for a
     loopback address) are refused with 421 (DNS rebinding).
     """
-    if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)) or \
-            not 0 < request_timeout < float("inf"):
-        raise ValueError(f"request_timeout must be a number of seconds > 0; got "
-                         f"{request_timeout!r}")
+    check_positive(request_timeout, "request_timeout")  # seconds
     app = create_app(store, token=token, signing_key=signing_key,
                      max_body_bytes=max_body_bytes, max_value_bytes=max_value_bytes,
                      encoder_threads=encoder_threads)

@@ -40,7 +40,7 @@ from .._gate_core import (
 )
 from .._rules import (
     BATCHED_PARTITION_TOL,
-    FEASIBILITY_TOL,
+    ERRORS_OVERFLOW_ABOVE,
     POWER_ITERS,
     PROJECTION_MAX_ITER,
     RIDGE,
@@ -103,7 +103,7 @@ def _check_gram(K, mask):
 
 
 def _feasible(m, C):
-    """``m C >= 1 - FEASIBILITY_TOL`` for integer counts m, decided as torch does (float64).
+    """``m C >= FEASIBLE_FROM`` for integer counts m, decided as torch does (float64).
 
     The count threshold is found in Python float64 arithmetic (MLX has no float64 on the GPU,
     :func:`svtoolkit._gate_core.count_threshold`); a threshold no int32 count reaches (tiny C)
@@ -116,8 +116,8 @@ def _feasible(m, C):
 
 
 def _too_many_errors(count, C):
-    """``count C > 1 + FEASIBILITY_TOL`` (error keys alone exceed the unit sum), as torch."""
-    k = count_threshold(C, level=1.0 + FEASIBILITY_TOL, strict=True)
+    """``count C > ERRORS_OVERFLOW_ABOVE`` (error keys alone exceed the unit sum), as torch."""
+    k = count_threshold(C, level=ERRORS_OVERFLOW_ABOVE, strict=True)
     if k is None:
         return mx.zeros(count.shape, dtype=mx.bool_)
     return count >= k

@@ -15,11 +15,12 @@ held-out batches come from different seeds: :func:`heldout_seed` (``seed + 10_00
 
 from __future__ import annotations
 
-import numbers
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from .._validation import check_int
 
 __all__ = [
     "IGNORE_INDEX",
@@ -135,10 +136,12 @@ def heldout_seed(seed):
 
     Raises
     ------
+    TypeError
+        ``seed`` is not an integer (a bool is refused).
     ValueError
-        ``seed`` is not a non-negative integer.
+        ``seed`` is negative.
     """
-    return check_seed(seed) + HELDOUT_OFFSET
+    return check_int(seed, "seed", min=0) + HELDOUT_OFFSET
 
 
 def train_and_heldout(generator, n_train, n_heldout, *, seed, **kwargs):
@@ -216,42 +219,14 @@ def nearest_value_accuracy(task, outputs):
     return float((d2.argmin(axis=-1) == task.answers).mean())
 
 
-# --- argument checks and sampling helpers shared by the generators ------------------------
-
-def check_seed(seed):
-    """``seed`` as an int; a non-negative integer (not a bool) or a ValueError."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
-    return int(seed)
-
-
-def check_int(name, value, minimum, maximum=None):
-    """``value`` as an int in ``[minimum, maximum]``, or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer; got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = "" if maximum is None else f" and <= {maximum}"
-        raise ValueError(f"{name} must be >= {minimum}{upper}; got {value}")
-    return int(value)
-
-
-def check_float(name, value, minimum=0.0, *, strict=False):
-    """``value`` as a finite float ``>= minimum`` (``> minimum`` if ``strict``)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            not np.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number; got {value!r}")
-    if value < minimum or (strict and value == minimum):
-        sign = ">" if strict else ">="
-        raise ValueError(f"{name} must be {sign} {minimum}; got {value}")
-    return float(value)
-
+# --- sampling helpers shared by the generators --------------------------------------------
 
 def rng_for(seed, stream):
     """A Generator for ``seed`` and a task-specific ``stream`` label.
 
     The label keeps tasks that share a seed from sharing random draws.
     """
-    return np.random.default_rng([check_seed(seed), zlib.crc32(stream.encode())])
+    return np.random.default_rng([check_int(seed, "seed", min=0), zlib.crc32(stream.encode())])
 
 
 def distinct_integers(rng, n_rows, size, high):

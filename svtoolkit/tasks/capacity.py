@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import VectorTask, check_float, check_int, distinct_integers, rng_for
+from .._validation import check_int, check_real
+from ._base import VectorTask, distinct_integers, rng_for
 
 __all__ = ["near_orthogonal_capacity", "CAPACITY_ITEMS_SWEEP", "max_abs_cosine_bound"]
 
@@ -32,9 +33,7 @@ def max_abs_cosine_bound(key_jitter):
     -------
     float
     """
-    eps = check_float("key_jitter", key_jitter)
-    if eps >= 1.0:
-        raise ValueError(f"key_jitter must be < 1; got {eps}")
+    eps = check_real(key_jitter, "key_jitter", min=0.0, max=1.0, include_max=False)
     return (2.0 * eps + eps**2) / (1.0 - eps) ** 2
 
 
@@ -122,22 +121,22 @@ def near_orthogonal_capacity(n_examples, *, n_items=8, n_filler=20, n_queries=8,
     protocol) are choices, in the continuous ``[key; value]`` token form of its MQAR
     experiments.
     """
-    n_examples = check_int("n_examples", n_examples, 1)
-    n_items = check_int("n_items", n_items, 1)
-    n_filler = check_int("n_filler", n_filler, 0)
-    n_queries = check_int("n_queries", n_queries, 1)
+    n_examples = check_int(n_examples, "n_examples", min=1)
+    n_items = check_int(n_items, "n_items", min=1)
+    n_filler = check_int(n_filler, "n_filler", min=0)
+    n_queries = check_int(n_queries, "n_queries", min=1)
     if n_queries > n_items:
         raise ValueError(f"n_queries must be <= n_items (queries ask distinct items); got "
                          f"n_queries={n_queries}, n_items={n_items}")
-    d_key = check_int("d_key", d_key, 1)
+    d_key = check_int(d_key, "d_key", min=1)
     if d_key < n_items:
         raise ValueError(f"d_key must be >= n_items for {n_items} near-orthogonal keys; got "
                          f"d_key={d_key}")
-    d_value = check_int("d_value", d_value, 1)
+    d_value = check_int(d_value, "d_value", min=1)
     max_abs_cosine_bound(key_jitter)  # validates key_jitter
     key_jitter = float(key_jitter)
-    filler_jitter = check_float("filler_jitter", filler_jitter)
-    query_noise = check_float("query_noise", query_noise)
+    filler_jitter = check_real(filler_jitter, "filler_jitter", min=0.0)
+    query_noise = check_real(query_noise, "query_noise", min=0.0)
     config = dict(n_examples=n_examples, n_items=n_items, n_filler=n_filler,
                   n_queries=n_queries, d_key=d_key, d_value=d_value, key_jitter=key_jitter,
                   filler_jitter=filler_jitter, query_noise=query_noise, seed=seed)

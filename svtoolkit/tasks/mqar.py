@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._validation import check_bool, check_int, check_positive, check_real
 from ._base import (
     IGNORE_INDEX,
     TokenTask,
     VectorTask,
-    check_float,
-    check_int,
     distinct_integers,
     rng_for,
 )
@@ -119,25 +118,24 @@ def mqar(n_examples, *, n_pairs=8, n_queries=8, seq_len=256, vocab_size=8192, po
     * No multi-pass repetition of the key-value block (Zoology's ``num_passes``) and no
       even-length restriction (a trailing fill token is appended when ``seq_len`` is odd).
     """
-    n_examples = check_int("n_examples", n_examples, 1)
-    n_pairs = check_int("n_pairs", n_pairs, 1)
-    n_queries = check_int("n_queries", n_queries, 1)
+    n_examples = check_int(n_examples, "n_examples", min=1)
+    n_pairs = check_int(n_pairs, "n_pairs", min=1)
+    n_queries = check_int(n_queries, "n_queries", min=1)
     if n_queries > n_pairs:
         raise ValueError(f"n_queries must be <= n_pairs (queries ask distinct keys); got "
                          f"n_queries={n_queries}, n_pairs={n_pairs}")
-    seq_len = check_int("seq_len", seq_len, 2)
+    seq_len = check_int(seq_len, "seq_len", min=2)
     if seq_len < 2 * n_pairs + 2 * n_queries:
         raise ValueError(f"seq_len must be >= 2 * n_pairs + 2 * n_queries = "
                          f"{2 * n_pairs + 2 * n_queries}; got {seq_len}")
-    vocab_size = check_int("vocab_size", vocab_size, 4)
+    vocab_size = check_int(vocab_size, "vocab_size", min=4)
     n_key_ids = vocab_size // 2 - 1
     if n_key_ids < n_pairs:
         raise ValueError(f"vocab_size={vocab_size} gives {n_key_ids} key ids (1 .. "
                          f"{vocab_size // 2 - 1}); n_pairs={n_pairs} distinct keys need "
                          f"vocab_size >= {2 * (n_pairs + 1)}")
-    power_a = check_float("power_a", power_a, 0.0, strict=True)
-    if not isinstance(random_fill, (bool, np.bool_)):
-        raise ValueError(f"random_fill must be a bool; got {random_fill!r}")
+    power_a = check_positive(power_a, "power_a")
+    random_fill = check_bool(random_fill, "random_fill")
     config = dict(n_examples=n_examples, n_pairs=n_pairs, n_queries=n_queries,
                   seq_len=seq_len, vocab_size=vocab_size, power_a=power_a,
                   random_fill=bool(random_fill), seed=seed)
@@ -224,15 +222,15 @@ def mqar_vectors(n_examples, *, n_pairs=8, n_queries=8, d_key=8, d_value=8, key_
     pairs are distinct (each key asked at most once, as in Zoology) where the reference code
     draws them with replacement.
     """
-    n_examples = check_int("n_examples", n_examples, 1)
-    n_pairs = check_int("n_pairs", n_pairs, 1)
-    n_queries = check_int("n_queries", n_queries, 1)
+    n_examples = check_int(n_examples, "n_examples", min=1)
+    n_pairs = check_int(n_pairs, "n_pairs", min=1)
+    n_queries = check_int(n_queries, "n_queries", min=1)
     if n_queries > n_pairs:
         raise ValueError(f"n_queries must be <= n_pairs (queries ask distinct keys); got "
                          f"n_queries={n_queries}, n_pairs={n_pairs}")
-    d_key = check_int("d_key", d_key, 1)
-    d_value = check_int("d_value", d_value, 1)
-    key_noise = check_float("key_noise", key_noise)
+    d_key = check_int(d_key, "d_key", min=1)
+    d_value = check_int(d_value, "d_value", min=1)
+    key_noise = check_real(key_noise, "key_noise", min=0.0)
     config = dict(n_examples=n_examples, n_pairs=n_pairs, n_queries=n_queries, d_key=d_key,
                   d_value=d_value, key_noise=key_noise, seed=seed)
     rng = rng_for(seed, "mqar_vectors")

@@ -7,10 +7,11 @@ that read it live in :mod:`svtoolkit.selection`, which re-exports these names.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
+
+from .._validation import check_int
 
 __all__ = ["SkewedContext", "skewed_redundancy_context"]
 
@@ -18,9 +19,7 @@ __all__ = ["SkewedContext", "skewed_redundancy_context"]
 def _check_sizes(**sizes):
     """Each ``name=(value, minimum)``: value must be an int (not a bool) >= minimum."""
     for name, (value, minimum) in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
-                value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
+        check_int(value, name, min=minimum)
 
 
 @dataclass(frozen=True)

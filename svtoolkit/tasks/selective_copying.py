@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import VectorTask, check_float, check_int, distinct_integers, rng_for
+from .._validation import check_int, check_real
+from ._base import VectorTask, distinct_integers, rng_for
 
 __all__ = ["selective_copying", "SELECTIVE_COPYING_FILLER_SWEEP"]
 
@@ -77,17 +78,17 @@ def selective_copying(n_examples, *, n_filler=8, n_informative=8, n_queries=1, d
     content, not the whole ordered list of informative tokens; filler is near-duplicate keys
     with zero value rather than a noise token id.
     """
-    n_examples = check_int("n_examples", n_examples, 1)
-    n_filler = check_int("n_filler", n_filler, 0)
-    n_informative = check_int("n_informative", n_informative, 1)
-    n_queries = check_int("n_queries", n_queries, 1)
+    n_examples = check_int(n_examples, "n_examples", min=1)
+    n_filler = check_int(n_filler, "n_filler", min=0)
+    n_informative = check_int(n_informative, "n_informative", min=1)
+    n_queries = check_int(n_queries, "n_queries", min=1)
     if n_queries > n_informative:
         raise ValueError(f"n_queries must be <= n_informative (probes ask distinct tokens); "
                          f"got n_queries={n_queries}, n_informative={n_informative}")
-    d_key = check_int("d_key", d_key, 1)
-    d_value = check_int("d_value", d_value, 1)
-    filler_jitter = check_float("filler_jitter", filler_jitter)
-    query_noise = check_float("query_noise", query_noise)
+    d_key = check_int(d_key, "d_key", min=1)
+    d_value = check_int(d_value, "d_value", min=1)
+    filler_jitter = check_real(filler_jitter, "filler_jitter", min=0.0)
+    query_noise = check_real(query_noise, "query_noise", min=0.0)
     config = dict(n_examples=n_examples, n_filler=n_filler, n_informative=n_informative,
                   n_queries=n_queries, d_key=d_key, d_value=d_value,
                   filler_jitter=filler_jitter, query_noise=query_noise, seed=seed)

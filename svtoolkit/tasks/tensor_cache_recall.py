@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_option
-from ._base import IGNORE_INDEX, TokenTask, check_int, distinct_integers, rng_for
+from .._validation import check_int, check_option
+from ._base import IGNORE_INDEX, TokenTask, distinct_integers, rng_for
 
 __all__ = [
     "tensor_cache_recall",
@@ -51,10 +51,10 @@ def _resolve(variant, gap, n_episodes, n_stores):
     """Defaults of ``variant`` for the arguments left as None, and the variant's checks."""
     check_option(variant, "variant", tuple(TENSOR_CACHE_VARIANTS))
     spec = TENSOR_CACHE_VARIANTS[variant]
-    gap = check_int("gap", spec["gap"] if gap is None else gap, 0)
-    n_episodes = check_int("n_episodes",
-                           spec["n_episodes"] if n_episodes is None else n_episodes, 1)
-    n_stores = check_int("n_stores", spec["n_stores"] if n_stores is None else n_stores, 1)
+    gap = check_int(spec["gap"] if gap is None else gap, "gap", min=0)
+    n_episodes = check_int(spec["n_episodes"] if n_episodes is None else n_episodes,
+                           "n_episodes", min=1)
+    n_stores = check_int(spec["n_stores"] if n_stores is None else n_stores, "n_stores", min=1)
     if variant == "filler_sweep":
         if not spec["gaps"][0] <= gap <= spec["gaps"][1]:
             raise ValueError(f"gap of the 'filler_sweep' variant must be in [12, 192]; got "
@@ -149,11 +149,11 @@ def tensor_cache_recall(n_examples, *, variant="matched", gap=None, n_episodes=N
     state sizes measured on it are smaller for the same gap. The ``long_gap`` length is
     ``g + 7`` here.
     """
-    n_examples = check_int("n_examples", n_examples, 1)
+    n_examples = check_int(n_examples, "n_examples", min=1)
     gap, n_episodes, n_stores = _resolve(variant, gap, n_episodes, n_stores)
-    n_keys = check_int("n_keys", n_keys, 1)
-    n_values = check_int("n_values", n_values, 1)
-    n_filler_tokens = check_int("n_filler_tokens", n_filler_tokens, 1)
+    n_keys = check_int(n_keys, "n_keys", min=1)
+    n_values = check_int(n_values, "n_values", min=1)
+    n_filler_tokens = check_int(n_filler_tokens, "n_filler_tokens", min=1)
     if n_keys < n_episodes * n_stores:
         raise ValueError(f"n_keys must be >= n_episodes * n_stores = {n_episodes * n_stores} "
                          f"(keys are distinct within a sequence); got {n_keys}")

@@ -33,7 +33,7 @@ import torch
 from .._gate_core import check_box, check_iters, check_partition_tol, check_ridge
 from .._rules import (
     BATCHED_PARTITION_TOL,
-    FEASIBILITY_TOL,
+    ERRORS_OVERFLOW_ABOVE,
     FEASIBLE_FROM,
     POWER_ITERS,
     PROJECTION_MAX_ITER,
@@ -41,8 +41,6 @@ from .._rules import (
 )
 from .._validation import check_option
 
-#: Old name of the default partition threshold, :data:`svtoolkit._rules.BATCHED_PARTITION_TOL`.
-PARTITION_TOL = BATCHED_PARTITION_TOL
 
 #: A ridged solution is accepted when max|M u - c| <= RESIDUAL_TOL * p * eps *
 #: (max|M| max|u| + max|c|), p = w + 1 the size of the bordered system (see _accurate).
@@ -212,12 +210,17 @@ def _projection_root(y, mask, C, lam, max_iter=PROJECTION_MAX_ITER):
 
 
 def _feasible(m, C):
-    """``m C >= 1 - FEASIBILITY_TOL`` for integer counts m, evaluated in float64.
+    """``m C >= FEASIBLE_FROM`` for integer counts m, evaluated in float64.
 
-    The exact solver's rule (:data:`svtoolkit._rules.FEASIBILITY_TOL`), so ``C = 1 / n``
+    The exact solver's rule (:func:`svtoolkit._rules.feasible`, on tensors), so ``C = 1 / n``
     with ``n (1 / n)`` rounded just below 1 is feasible on both paths.
     """
     return (m > 0) & (m.to(torch.float64) * C >= FEASIBLE_FROM)
+
+
+def _too_many_errors(count, C):
+    """``count C > ERRORS_OVERFLOW_ABOVE`` (error keys alone exceed the unit sum), in float64."""
+    return count.to(torch.float64) * C > ERRORS_OVERFLOW_ABOVE
 
 
 def _apply_projection(y, lam, C, feasible, mask):
@@ -600,7 +603,7 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
     K, mask = _check_gram(K, mask)
     _check_partition(margin_mask, error_mask, mask)
     n_margin = margin_mask.sum(-1)
-    too_many_errors = error_mask.sum(-1).to(torch.float64) * C > 1.0 + FEASIBILITY_TOL
+    too_many_errors = _too_many_errors(error_mask.sum(-1), C)
     valid = _feasible(mask.sum(-1), C) & (n_margin > 0) & ~too_many_errors
     G, n = mask.shape
     width = _bucket_width(n_margin, n)

@@ -26,9 +26,10 @@ import dataclasses
 import numpy as np
 import torch
 
-from .._rules import FEASIBILITY_TOL
+from .._rules import feasible, sums_to_one
 from .._validation import check_positive
 from ..exact import IncrementalSVDD
+from ..kernels import rbf_kernel
 from ._checks import as_numpy64, check_keys_shape, check_tensor
 from ._gate_autograd import ExactGateFunction, GramGateFunction, _make_state, rbf
 
@@ -85,11 +86,8 @@ def _state_from_solver(solver, device):
     keys = solver.keys
 
     def h():
-        # h = 2 K a - 1 (only needed with S empty, where a = C on E and 0 elsewhere). NumPy's
-        # exp, not svtoolkit.rbf_kernel: h only picks the two ends of rho's interval
-        x_error = keys[error]
-        sq = ((keys[:, None, :] - x_error[None, :, :]) ** 2).sum(-1)
-        return 2.0 * solver.C * np.exp(-sq / solver.sigma**2).sum(1) - 1.0
+        # h = 2 K a - 1 (only needed with S empty, where a = C on E and 0 elsewhere)
+        return 2.0 * solver.C * rbf_kernel(keys, keys[error], sigma=solver.sigma).sum(1) - 1.0
 
     return _make_state(len(ids), solver.C, solver.alpha, solver.rho, margin, error,
                        system.inverse, h, device)
@@ -194,7 +192,7 @@ def svdd_gate(keys, *, C, sigma):
     check_tensor(keys, "keys", 2, "(n, d)")
     check_keys_shape(keys)
     n = keys.shape[0]
-    if n * C < 1.0 - FEASIBILITY_TOL:
+    if not feasible(n, C):
         raise ValueError(
             f"infeasible: n * C = {n * C:.6g} < 1 (warm-up); the exact gate needs n * C >= 1"
         )
@@ -277,7 +275,7 @@ def svdd_gate_from_gram(K, C, *, margin=None, error=None):
         rho = float(u[0])
         alpha[margin] = u[1:]
     else:
-        if abs(len(error) * C - 1.0) > FEASIBILITY_TOL:
+        if not sums_to_one(len(error), C):
             raise ValueError(
                 f"with an empty margin set sum(a) = |E| C must be 1; got {len(error) * C:.6g}"
             )

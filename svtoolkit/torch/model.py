@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validation import check_option
+from .._validation import check_bool, check_int, check_option, check_real
 from .layers import ATTENTION_LAYERS
 from .ops._common import check_positive_int
 from .rotary import DEFAULT_BASE
@@ -205,8 +205,7 @@ class TinyLM(nn.Module):
                  positions="learned", rope_base=DEFAULT_BASE, ntk=False):
         super().__init__()
         check_option(positions, "positions", POSITIONS)
-        if not isinstance(ntk, bool):
-            raise TypeError(f"ntk must be a bool; got {type(ntk).__name__}")
+        ntk = check_bool(ntk, "ntk")
         if ntk and positions != "rotary":
             raise ValueError("ntk=True needs positions='rotary'")
         for name, value in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers),
@@ -215,10 +214,7 @@ class TinyLM(nn.Module):
         check_option(attn, "attn", tuple(sorted(ATTENTION_LAYERS)))
         if attn_options is not None and not isinstance(attn_options, dict):
             raise TypeError(f"attn_options must be a dict; got {type(attn_options).__name__}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
-            0.0 <= dropout < 1.0
-        ):
-            raise ValueError(f"dropout must be a number in [0, 1); got {dropout!r}")
+        check_real(dropout, "dropout", min=0.0, max=1.0, include_max=False)
         self.config = dict(vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                            block=block, attn=attn, attn_options=dict(attn_options or {}),
                            mlp_ratio=mlp_ratio, dropout=float(dropout))
@@ -457,15 +453,10 @@ class TinyLM(nn.Module):
         -------
         LongTensor of shape (B, T0 + max_new_tokens)
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
-                max_new_tokens < 0):
-            raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-                0.0 <= temperature < math.inf):
-            raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                                  or not 1 <= top_k <= self.vocab):
-            raise ValueError(f"top_k must be an int in [1, vocab={self.vocab}]; got {top_k!r}")
+        check_int(max_new_tokens, "max_new_tokens", min=0)
+        check_real(temperature, "temperature", min=0.0)
+        if top_k is not None:
+            check_int(top_k, "top_k", min=1, max=self.vocab)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator; got "
                             f"{type(generator).__name__}")

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validation import check_option
+from .._validation import check_int, check_option, check_positive, check_real
 
 __all__ = [
     "IGNORE_INDEX",
@@ -144,19 +144,16 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("steps", "batch_size"):
-            _check_int(name, getattr(self, name), minimum=1)
+            check_int(getattr(self, name), name, min=1)
         for name in ("eval_interval", "checkpoint_interval", "seed"):
-            _check_int(name, getattr(self, name), minimum=0)
+            check_int(getattr(self, name), name, min=0)
         if self.warmup_steps is not None:
-            _check_int("warmup_steps", self.warmup_steps, minimum=1)
+            check_int(self.warmup_steps, "warmup_steps", min=1)
         for name in ("lr", "eps"):
-            if not _is_number(getattr(self, name)) or not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be a positive number; got {getattr(self, name)!r}")
+            check_positive(getattr(self, name), name)
         for name in ("weight_decay", "grad_clip"):
-            if not _is_number(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a number >= 0; got {getattr(self, name)!r}")
-        if not _is_number(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1]; got {self.min_lr_ratio!r}")
+            check_real(getattr(self, name), name, min=0.0)
+        check_real(self.min_lr_ratio, "min_lr_ratio", min=0.0, max=1.0)
         betas = tuple(self.betas)
         if len(betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in betas):
             raise ValueError(f"betas must be two numbers in [0, 1); got {self.betas!r}")
@@ -230,11 +227,6 @@ def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _check_int(name, value, *, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
-
-
 def seed_everything(seed):
     """Seed torch (CPU and every CUDA device), NumPy's global generator and ``random``.
 
@@ -243,7 +235,7 @@ def seed_everything(seed):
     seed : int
         A non-negative integer.
     """
-    _check_int("seed", seed, minimum=0)
+    check_int(seed, "seed", min=0)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -344,10 +336,10 @@ class TokenBatches:
         if inputs.shape != targets.shape:
             raise ValueError(f"inputs {tuple(inputs.shape)} and targets "
                              f"{tuple(targets.shape)} must have the same shape")
-        _check_int("batch_size", batch_size, minimum=1)
+        check_int(batch_size, "batch_size", min=1)
         if batch_size > inputs.shape[0]:
             raise ValueError(f"batch_size {batch_size} exceeds the {inputs.shape[0]} examples")
-        _check_int("seed", seed, minimum=0)
+        check_int(seed, "seed", min=0)
         device = torch.device(device) if device is not None else inputs.device
         self.inputs, self.targets = inputs.to(device), targets.to(device)
         self.batch_size, self.seed = int(batch_size), int(seed)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..._validation import check_int
 from ._common import check_positive_int, check_qkv, compute_dtype
 
 __all__ = ["KVCache", "softmax_attention", "attend"]
@@ -177,8 +178,7 @@ def softmax_attention(
     batch, length, heads, key_dim, value_dim = check_qkv(q, k, v)
     if window is not None:
         check_positive_int("window", window)
-    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
-        raise ValueError(f"sinks must be a non-negative int; got {sinks!r}")
+    check_int(sinks, "sinks", min=0)
     if sinks and window is None:
         raise ValueError("sinks only make sense with a window (StreamingLLM); pass window=")
     check_positive_int("block_size", block_size)

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._validation import check_option
+from ..._validation import check_bool, check_option, check_positive
 from ._common import (
     check_per_head,
     check_positive_int,
@@ -200,17 +200,9 @@ def _check_log_decay(name: str, log_decay: torch.Tensor, heads: int) -> None:
         )
 
 
-def _check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
-
-
 def _check_positive_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float; got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0; got {value!r}")
-    return float(value)
+    """:func:`svtoolkit._validation.check_positive` with the argument order of the layer's calls."""
+    return check_positive(value, name)
 
 
 def _check_slots(slot_keys, slot_top_k, slot_temperature, heads, key_dim) -> int:
@@ -230,7 +222,7 @@ def _check_slots(slot_keys, slot_top_k, slot_temperature, heads, key_dim) -> int
     check_positive_int("slot_top_k", slot_top_k)
     if not 1 <= slot_top_k <= slots:
         raise ValueError(f"slot_top_k must be in [1, S={slots}]; got {slot_top_k}")
-    _check_positive_float("slot_temperature", slot_temperature)
+    check_positive(slot_temperature, "slot_temperature")
     return slots
 
 
@@ -491,9 +483,9 @@ def tensor_cache_paths(
     check_positive_int("chunk_size", chunk_size)
     _check_rule(rule, key_dim, value_dim)
     _check_training_switches(rule, train_writes, write_mode, delta_residual)
-    _check_flag("normalize_keys", normalize_keys)
-    _check_flag("normalize_queries", normalize_queries)
-    value_scale = _check_positive_float("value_scale", value_scale)
+    check_bool(normalize_keys, "normalize_keys")
+    check_bool(normalize_queries, "normalize_queries")
+    value_scale = check_positive(value_scale, "value_scale")
     banks = _memory_banks(
         heads, key_dim, log_decay, rate, slot_keys, slot_top_k, slot_temperature,
         slow_log_decay, slow_rate, slow_weight,
@@ -693,9 +685,9 @@ def tensor_cache_step_paths(
     check_state("k", k, (batch, heads, key_dim))
     check_state("v", v, (batch, heads, value_dim))
     _check_rule(rule, key_dim, value_dim)
-    _check_flag("normalize_keys", normalize_keys)
-    _check_flag("normalize_queries", normalize_queries)
-    value_scale = _check_positive_float("value_scale", value_scale)
+    check_bool(normalize_keys, "normalize_keys")
+    check_bool(normalize_queries, "normalize_queries")
+    value_scale = check_positive(value_scale, "value_scale")
     banks = _memory_banks(
         heads, key_dim, log_decay, rate, slot_keys, slot_top_k, slot_temperature,
         slow_log_decay, slow_rate, slow_weight,
