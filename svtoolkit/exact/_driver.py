@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._rules import feasible, sums_to_one
 from . import _consistency as CS
 from . import _walk as W
 from ._rest import remove_and_settle, settle
@@ -222,12 +223,12 @@ class WalkDriver:
         self._fs[W._RHO] = 0.0  # g_anchor = 2 K'_aa a_a + rho' = rho' = 0, i.e. rho = -1
 
     def _feasible(self, n_real):
-        return n_real * self._C >= 1.0 - W.FEASIBILITY_TOL
+        return feasible(n_real, self._C)
 
     def _on_vertex(self, n_real):
         """True when n_real keys have a single feasible point: n C = 1 to FEASIBILITY_TOL
         (from either side), where a = C for every key is the only way to sum to one."""
-        return abs(n_real * self._C - 1.0) <= W.FEASIBILITY_TOL
+        return sums_to_one(n_real, self._C)
 
     def _admit_anchor(self):
         slot = self._insert(np.zeros(self._d), -1, is_anchor=True)

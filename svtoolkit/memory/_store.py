@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from .._rules import FEASIBILITY_TOL
+from .._rules import feasible
 from .._validation import as_key, as_keys, check_positive, check_sigma
 from ..exact import IncrementalSVDD, SolverFailure
 from . import _atomic, _certificates, _format, _persistence, _table
@@ -45,7 +45,7 @@ def _check_budget(budget, C):
         raise TypeError(f"budget must be an int or None; got {type(budget).__name__}")
     if budget < 1:
         raise ValueError(f"budget must be >= 1; got {budget}")
-    if budget * C < 1.0 - FEASIBILITY_TOL:
+    if not feasible(budget, C):
         raise ValueError(
             f"budget={budget} with C={C:.6g} gives budget * C < 1: so few records can never "
             "hold the optimum (the memory would stay in warm-up); raise the budget to at "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._rules import FEASIBILITY_TOL
+from ..._rules import feasible
 from ..._validation import check_positive
 from .._checks import check_keys_shape, check_tensor
 from .._gate_autograd import rbf
@@ -78,7 +78,7 @@ def _flatten_batch(x):
 def _gate_or_warmup(keys, C, sigma):
     """(alpha, rho, warmup) for one problem; warm-up gives the ungated uniform weights."""
     n = keys.shape[0]
-    if n * C < 1.0 - FEASIBILITY_TOL:
+    if not feasible(n, C):
         alpha = torch.full((n,), 1.0 / n, dtype=torch.float64, device=keys.device)
         return alpha, torch.tensor(float("nan"), dtype=torch.float64, device=keys.device), True
     alpha, rho = svdd_gate(keys, C=C, sigma=sigma)
