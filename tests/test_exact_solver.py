@@ -148,8 +148,10 @@ def test_from_nu_computes_C_once():
     assert s.C == 1.0 / (0.5 * 45)
     with pytest.raises(ValueError, match=r"nu must be in \(0, 1\]"):
         IncrementalSVDD.from_nu(1.5, 10, 1.0)
-    with pytest.raises(ValueError, match="n0 must be an integer >= 1"):
+    with pytest.raises(ValueError, match="n0 must be >= 1; got 0"):
         IncrementalSVDD.from_nu(0.5, 0, 1.0)
+    with pytest.raises(TypeError, match="n0 must be an int; got float"):
+        IncrementalSVDD.from_nu(0.5, 10.0, 1.0)
 
 
 # ------------------------------------------------------------------------------- streams

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import as_key, as_keys, check_positive, check_sigma, largest_violation
+from .._validation import (as_key, as_keys, check_int, check_positive, check_sigma,
+                           largest_violation)
 from . import _consistency as CS
 from . import _landing as L
 from . import _walk as W
@@ -127,12 +128,9 @@ class IncrementalSVDD(WalkDriver):
     def __init__(self, C, sigma, *, audit_every=1000):
         C = check_positive(C, "C")
         sigma = check_sigma(sigma)
-        if isinstance(audit_every, bool) or not isinstance(audit_every, numbers.Integral):
-            raise TypeError(f"audit_every must be an int; got {type(audit_every).__name__}")
-        if audit_every < 0:
-            raise ValueError(f"audit_every must be >= 0; got {audit_every}")
+        audit_every = check_int(audit_every, "audit_every", min=0)
         super().__init__(C, sigma)
-        self.audit_every = int(audit_every)
+        self.audit_every = audit_every
         self._ops_since_audit = 0
         self.n_bulk_builds = 0
         self.n_bulk_fallbacks = 0
@@ -154,11 +152,10 @@ class IncrementalSVDD(WalkDriver):
         nu = check_positive(nu, "nu")
         if nu > 1.0:
             raise ValueError(f"nu must be in (0, 1]; got {nu}")
-        if isinstance(n0, bool) or not isinstance(n0, numbers.Integral) or n0 < 1:
-            raise ValueError(f"n0 must be an integer >= 1; got {n0!r}")
-        C = 1.0 / (nu * int(n0))
+        n0 = check_int(n0, "n0", min=1)
+        C = 1.0 / (nu * n0)
         if not np.isfinite(C):
-            raise ValueError(f"nu * n0 = {nu * int(n0)!r} is too small: C = 1 / (nu n0) "
+            raise ValueError(f"nu * n0 = {nu * n0!r} is too small: C = 1 / (nu n0) "
                              "is not a finite float")
         return cls(C, sigma, **kwargs)
 

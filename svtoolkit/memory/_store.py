@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 
 from .._rules import feasible
-from .._validation import as_key, as_keys, check_positive, check_sigma
+from .._validation import as_key, as_keys, check_int, check_positive, check_sigma
 from ..exact import IncrementalSVDD, SolverFailure
 from . import _atomic, _certificates, _format, _persistence, _table
 from ._audit import RollingAudit
@@ -41,10 +41,7 @@ _UNCHANGED = object()
 def _check_budget(budget, C):
     if budget is None:
         return None
-    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
-        raise TypeError(f"budget must be an int or None; got {type(budget).__name__}")
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1; got {budget}")
+    budget = check_int(budget, "budget", min=1)
     if not feasible(budget, C):
         raise ValueError(
             f"budget={budget} with C={C:.6g} gives budget * C < 1: so few records can never "
