@@ -36,7 +36,6 @@ from torch import nn
 
 from .._validation import check_bool, check_int, check_option, check_real
 from .layers import ATTENTION_LAYERS
-from .ops._common import check_positive_int
 from .rotary import DEFAULT_BASE
 
 __all__ = ["POSITIONS", "TinyLM", "TinyLMState"]
@@ -210,7 +209,7 @@ class TinyLM(nn.Module):
             raise ValueError("ntk=True needs positions='rotary'")
         for name, value in (("vocab", vocab), ("d_model", d_model), ("n_layers", n_layers),
                             ("n_heads", n_heads), ("block", block), ("mlp_ratio", mlp_ratio)):
-            check_positive_int(name, value)
+            check_int(value, name, min=1)
         check_option(attn, "attn", tuple(sorted(ATTENTION_LAYERS)))
         if attn_options is not None and not isinstance(attn_options, dict):
             raise TypeError(f"attn_options must be a dict; got {type(attn_options).__name__}")
@@ -362,10 +361,10 @@ class TinyLM(nn.Module):
         -------
         TinyLMState
         """
-        check_positive_int("batch", batch)
+        check_int(batch, "batch", min=1)
         factor = 1.0
         if max_length is not None:
-            check_positive_int("max_length", max_length)
+            check_int(max_length, "max_length", min=1)
             if self.positions == "learned" and max_length > self.block:
                 raise ValueError(f"max_length {max_length} exceeds the block size {self.block} "
                                  "of learned positions")

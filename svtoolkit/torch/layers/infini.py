@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..._validation import check_option
+from ..._validation import check_int, check_option
 from ..ops import infini_attention
-from ..ops._common import check_positive_int, compute_dtype
+from ..ops._common import compute_dtype
 from ..ops.infini_attention import INFINI_RULES
 from ._base import HeadsAttention
 
@@ -51,7 +51,7 @@ class InfiniAttention(HeadsAttention):
     ):
         super().__init__(d_model, n_heads, **options)
         check_option(rule, "rule", INFINI_RULES)
-        self.segment = check_positive_int("segment", segment)
+        self.segment = check_int(segment, "segment", min=1)
         self.rule = rule
         self.gate_logit = nn.Parameter(torch.full((n_heads,), float(gate_init)))
 

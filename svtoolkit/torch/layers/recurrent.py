@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..._validation import check_option
+from ..._validation import check_bool, check_int, check_option
 from ..ops import decayed_linear_attention, delta_rule, gated_delta_rule, linear_attention
-from ..ops._common import check_positive_int, compute_dtype, l2_normalize
+from ..ops._common import compute_dtype, l2_normalize
 from ._base import HeadsAttention
 
 __all__ = ["LinearAttention", "DeltaNet", "GatedDeltaNet"]
@@ -72,7 +72,7 @@ class LinearAttention(HeadsAttention):
         if normalize and feature_map == "identity":
             raise ValueError("normalize=True needs a non-negative feature map ('elu' or 'relu')")
         self.feature_map, self.normalize, self.eps = feature_map, normalize, eps
-        self.chunk = check_positive_int("chunk", chunk)
+        self.chunk = check_int(chunk, "chunk", min=1)
 
     def _mix(self, x, q, k, v, state, want_state):
         phi = _FEATURE_MAPS[self.feature_map]
@@ -107,7 +107,7 @@ class DeltaNet(HeadsAttention):
 
     def __init__(self, d_model: int, n_heads: int, *, chunk: int = 64, **options):
         super().__init__(d_model, n_heads, **options)
-        self.chunk = check_positive_int("chunk", chunk)
+        self.chunk = check_int(chunk, "chunk", min=1)
         self.b_proj = nn.Linear(d_model, n_heads, bias=True)
         self.o_norm = _RMSNorm(self.head_dim)
 
@@ -164,10 +164,8 @@ class GatedDeltaNet(HeadsAttention):
         **options,
     ):
         super().__init__(d_model, n_heads, **options)
-        for name, flag in (("use_decay", use_decay), ("use_delta", use_delta)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
-        self.chunk = check_positive_int("chunk", chunk)
+        use_decay, use_delta = check_bool(use_decay, "use_decay"), check_bool(use_delta, "use_delta")
+        self.chunk = check_int(chunk, "chunk", min=1)
         self.use_decay, self.use_delta = use_decay, use_delta
         if use_decay:
             self.a_proj = nn.Linear(d_model, n_heads, bias=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from ..ops import softmax_attention
-from ..ops._common import check_positive_int
+from ..._validation import check_bool, check_int
 from ._base import HeadsAttention
 
 __all__ = ["SoftmaxAttention", "SlidingWindowAttention", "StreamingLLMAttention"]
@@ -41,10 +41,8 @@ class SoftmaxAttention(HeadsAttention):
     def __init__(self, d_model: int, n_heads: int, *, block_size: int = 256,
                  qk_norm: bool = False, **options):
         super().__init__(d_model, n_heads, **options)
-        self.block_size = check_positive_int("block_size", block_size)
-        if not isinstance(qk_norm, bool):
-            raise TypeError(f"qk_norm must be a bool; got {type(qk_norm).__name__}")
-        self.qk_norm = qk_norm
+        self.block_size = check_int(block_size, "block_size", min=1)
+        self.qk_norm = check_bool(qk_norm, "qk_norm")
 
     def _mix(self, x, q, k, v, state, want_state):
         if self.qk_norm:  # rotation preserves norms: normalising after it is the same
@@ -74,7 +72,7 @@ class SlidingWindowAttention(SoftmaxAttention):
 
     def __init__(self, d_model: int, n_heads: int, *, window: int = 64, **options):
         super().__init__(d_model, n_heads, **options)
-        self.window = check_positive_int("window", window)
+        self.window = check_int(window, "window", min=1)
 
 
 class StreamingLLMAttention(SoftmaxAttention):
@@ -100,5 +98,5 @@ class StreamingLLMAttention(SoftmaxAttention):
 
     def __init__(self, d_model: int, n_heads: int, *, sinks: int = 4, window: int = 64, **options):
         super().__init__(d_model, n_heads, **options)
-        self.window = check_positive_int("window", window)
-        self.sinks = check_positive_int("sinks", sinks)
+        self.window = check_int(window, "window", min=1)
+        self.sinks = check_int(sinks, "sinks", min=1)

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..._validation import check_option
+from ..._validation import check_bool, check_int, check_option, check_positive
 from ..ops import TensorCacheState, tensor_cache_paths, tensor_cache_step_paths
-from ..ops._common import check_positive_int, compute_dtype
-from ..ops.tensor_cache import RULES, _check_positive_float, _check_training_switches
+from ..ops._common import compute_dtype
+from ..ops.tensor_cache import RULES, _check_training_switches
 from ._base import HeadsAttention
 from .softmax import SlidingWindowAttention
 
@@ -138,19 +138,18 @@ class TensorCache(HeadsAttention):
             ("memory_proj", memory_proj),
             ("two_timescales", two_timescales),
         ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
+            check_bool(flag, name)
         for name, p in (("decay_init", decay_init), ("rate_init", rate_init)):
             _check_probability(name, p)
-        self.window = check_positive_int("window", window)
-        self.chunk = check_positive_int("chunk", chunk)
-        self.slots = check_positive_int("slots", slots)
-        check_positive_int("slot_top_k", slot_top_k)
+        self.window = check_int(window, "window", min=1)
+        self.chunk = check_int(chunk, "chunk", min=1)
+        self.slots = check_int(slots, "slots", min=1)
+        check_int(slot_top_k, "slot_top_k", min=1)
         if slot_top_k > slots:
             raise ValueError(f"slot_top_k must be in [1, slots={slots}]; got {slot_top_k}")
         self.slot_top_k = slot_top_k
-        self.slot_temperature = _check_positive_float("slot_temperature", slot_temperature)
-        self.value_scale = _check_positive_float("value_scale", value_scale)
+        self.slot_temperature = check_positive(slot_temperature, "slot_temperature")
+        self.value_scale = check_positive(value_scale, "value_scale")
         self.rule, self.normalize_keys, self.logit_clamp = rule, normalize_keys, logit_clamp
         self.normalize_queries = normalize_queries
         self.train_writes, self.write_mode = train_writes, write_mode
@@ -294,7 +293,7 @@ def tensor_cache_layer_mask(n_layers: int, layers="all") -> tuple[bool, ...]:
     tuple of bool, length n_layers
         ``True`` where the block's attention is a Tensor Cache.
     """
-    check_positive_int("n_layers", n_layers)
+    check_int(n_layers, "n_layers", min=1)
     if layers == "all":
         return (True,) * n_layers
     if layers == "none":

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ..._validation import check_int
-
 __all__ = [
     "check_qkv",
     "check_per_token",
     "check_per_head",
-    "check_positive_int",
     "check_state",
     "compute_dtype",
     "gate_weight",
@@ -93,11 +90,6 @@ def gate_weight(gate: torch.Tensor, batch: int, length: int, heads: int) -> torc
             f"got {tuple(gate.shape)}"
         )
     return gate[..., None]
-
-
-def check_positive_int(name: str, value: int) -> int:
-    """A positive integer (bool refused), by :func:`svtoolkit._validation.check_int`."""
-    return check_int(value, name, min=1)
 
 
 def check_state(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:

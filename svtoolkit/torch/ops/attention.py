@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._validation import check_int
-from ._common import check_positive_int, check_qkv, compute_dtype
+from ._common import check_qkv, compute_dtype
 
 __all__ = ["KVCache", "softmax_attention", "attend"]
 
@@ -177,11 +177,11 @@ def softmax_attention(
     """
     batch, length, heads, key_dim, value_dim = check_qkv(q, k, v)
     if window is not None:
-        check_positive_int("window", window)
+        check_int(window, "window", min=1)
     check_int(sinks, "sinks", min=0)
     if sinks and window is None:
         raise ValueError("sinks only make sense with a window (StreamingLLM); pass window=")
-    check_positive_int("block_size", block_size)
+    check_int(block_size, "block_size", min=1)
     dtype = compute_dtype(q, k, v)
     seen = 0
     keys, values = k.to(dtype), v.to(dtype)

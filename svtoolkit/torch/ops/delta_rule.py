@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_per_token, check_positive_int, check_qkv, check_state, compute_dtype
+from ..._validation import check_int
+from ._common import check_per_token, check_qkv, check_state, compute_dtype
 from ._scan import chunk_scan
 
 __all__ = ["decayed_linear_attention", "delta_rule", "gated_delta_rule"]
@@ -177,7 +178,7 @@ def delta_rule(
 
 def _delta_scan(q, k, v, g, beta, scale, chunk_size, initial_state, output_final_state):
     batch, _, heads, key_dim = q.shape
-    check_positive_int("chunk_size", chunk_size)
+    check_int(chunk_size, "chunk_size", min=1)
     if initial_state is not None:
         check_state("initial_state", initial_state, (batch, heads, key_dim, v.shape[-1]))
     dtype = compute_dtype(q, k, v, g, beta, initial_state)

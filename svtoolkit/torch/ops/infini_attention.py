@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..._validation import check_option, check_positive
-from ._common import check_positive_int, check_qkv, check_state, compute_dtype, gate_weight
+from ..._validation import check_int, check_option, check_positive
+from ._common import check_qkv, check_state, compute_dtype, gate_weight
 
 __all__ = ["INFINI_RULES", "InfiniState", "infini_attention"]
 
@@ -62,7 +62,7 @@ class InfiniState:
     @classmethod
     def empty(cls, batch, segment, heads, key_dim, value_dim, *, dtype=torch.float32, device=None):
         """A state before any token."""
-        check_positive_int("segment", segment)
+        check_int(segment, "segment", min=1)
         return cls(
             memory=torch.zeros(batch, heads, key_dim, value_dim, dtype=dtype, device=device),
             normalizer=torch.zeros(batch, heads, key_dim, dtype=dtype, device=device),
@@ -149,7 +149,7 @@ def infini_attention(
     :func:`svtoolkit.torch.ops.naive.naive_infini_attention`.
     """
     batch, length, heads, key_dim, value_dim = check_qkv(q, k, v)
-    check_positive_int("segment", segment)
+    check_int(segment, "segment", min=1)
     eps = check_positive(eps, "eps")
     check_option(rule, "rule", INFINI_RULES)
     weight = gate_weight(gate, batch, length, heads)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_positive_int, check_qkv, check_state, compute_dtype
+from ..._validation import check_int
+from ._common import check_qkv, check_state, compute_dtype
 from ._scan import chunk_scan
 
 __all__ = ["linear_attention"]
@@ -55,7 +56,7 @@ def linear_attention(
     :func:`svtoolkit.torch.ops.naive.naive_linear_attention`.
     """
     batch, _, heads, key_dim, value_dim = check_qkv(q, k, v)
-    check_positive_int("chunk_size", chunk_size)
+    check_int(chunk_size, "chunk_size", min=1)
     if initial_state is not None:
         check_state("initial_state", initial_state, (batch, heads, key_dim, value_dim))
     dtype = compute_dtype(q, k, v, initial_state)

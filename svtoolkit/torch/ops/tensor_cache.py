@@ -70,10 +70,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._validation import check_bool, check_option, check_positive
+from ..._validation import check_bool, check_int, check_option, check_positive
 from ._common import (
     check_per_head,
-    check_positive_int,
     check_qkv,
     check_state,
     compute_dtype,
@@ -140,8 +139,8 @@ class TensorCacheState:
         device: torch.device | str | None = None,
     ) -> TensorCacheState:
         """A state before any token: empty ring, zero memory (``banks`` = slots x timescales)."""
-        check_positive_int("window", window)
-        check_positive_int("banks", banks)
+        check_int(window, "window", min=1)
+        check_int(banks, "banks", min=1)
         bank_shape = () if banks == 1 else (banks,)
         return cls(
             keys=torch.zeros(batch, window, heads, key_dim, dtype=dtype, device=device),
@@ -200,11 +199,6 @@ def _check_log_decay(name: str, log_decay: torch.Tensor, heads: int) -> None:
         )
 
 
-def _check_positive_float(name: str, value) -> float:
-    """:func:`svtoolkit._validation.check_positive` with the argument order of the layer's calls."""
-    return check_positive(value, name)
-
-
 def _check_slots(slot_keys, slot_top_k, slot_temperature, heads, key_dim) -> int:
     """Validate the multi-slot options; return the number of slots S (1 without slot_keys)."""
     if slot_keys is None:
@@ -219,7 +213,7 @@ def _check_slots(slot_keys, slot_top_k, slot_temperature, heads, key_dim) -> int
             f"got {tuple(slot_keys.shape)}"
         )
     slots = slot_keys.shape[1]
-    check_positive_int("slot_top_k", slot_top_k)
+    check_int(slot_top_k, "slot_top_k", min=1)
     if not 1 <= slot_top_k <= slots:
         raise ValueError(f"slot_top_k must be in [1, S={slots}]; got {slot_top_k}")
     check_positive(slot_temperature, "slot_temperature")
@@ -479,8 +473,8 @@ def tensor_cache_paths(
         ``train_writes``, ``write_mode`` and ``delta_residual``).
     """
     batch, length, heads, key_dim, value_dim = check_qkv(q, k, v)
-    check_positive_int("window", window)
-    check_positive_int("chunk_size", chunk_size)
+    check_int(window, "window", min=1)
+    check_int(chunk_size, "chunk_size", min=1)
     _check_rule(rule, key_dim, value_dim)
     _check_training_switches(rule, train_writes, write_mode, delta_residual)
     check_bool(normalize_keys, "normalize_keys")
