@@ -13,6 +13,7 @@ import pytest
 import svtoolkit.exact._landing as landing_module
 import svtoolkit.exact.solver as solver_module
 from svtoolkit import IncrementalSVDD
+from svtoolkit.exact import BulkFallbackWarning
 from svtoolkit.exact import _bulk as B
 
 #: Keys within 1e-7 of each other leave the optimum flat along their split (docs/exact_solver.md,
@@ -165,7 +166,8 @@ def test_gram_free_build_falls_back_to_the_walk(failure, monkeypatch):
     else:
         monkeypatch.setattr(B, "smo_cached", lambda *args: -1)
     s = IncrementalSVDD(0.02, 1.2)
-    np.testing.assert_array_equal(s.extend(X), np.arange(100))
+    with pytest.warns(BulkFallbackWarning):
+        np.testing.assert_array_equal(s.extend(X), np.arange(100))
     assert s.n_bulk_builds == 0
     np.testing.assert_array_equal(s.alpha, reference.alpha)
     assert s.rho == reference.rho

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from svtoolkit import IncrementalSVDD, SolverFailure, rbf_kernel
 from svtoolkit._rules import FEASIBILITY_TOL
+from svtoolkit.exact import BulkFallbackWarning
 from svtoolkit.exact import _walk as W
 from svtoolkit.reference import decision_function, objective, solve_svdd
 
@@ -1037,7 +1038,8 @@ def test_bulk_build_falls_back_to_the_walk(monkeypatch):
     reference = _walked(0.02, 1.2, X, monkeypatch)
     monkeypatch.setattr(solver_module, "BULK_KKT_TOL", -1.0)
     s = IncrementalSVDD(0.02, 1.2)
-    np.testing.assert_array_equal(s.extend(X), np.arange(100))
+    with pytest.warns(BulkFallbackWarning):
+        np.testing.assert_array_equal(s.extend(X), np.arange(100))
     assert s.n_bulk_builds == 0
     np.testing.assert_array_equal(s.alpha, reference.alpha)
     assert s.rho == reference.rho

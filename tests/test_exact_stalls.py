@@ -7,10 +7,12 @@ would fail on a solver without the polish of the landing (``n_bulk_builds`` stay
 """
 
 import numpy as np
+import pytest
 from scipy.spatial.distance import pdist
 
 import svtoolkit.exact.solver as solver_module
 from svtoolkit import IncrementalSVDD
+from svtoolkit.exact import BulkFallbackWarning
 
 #: The exact certificate of a build (BULK_KKT_TOL), units of f.
 KKT_EXACT = solver_module.BULK_KKT_TOL
@@ -58,7 +60,8 @@ def test_without_the_polish_the_same_build_falls_back_and_says_why(monkeypatch):
     monkeypatch.setattr(solver_module, "BULK_POLISH_ROUNDS", 0)
     X, sigma = _collinear(150, 0)
     s = IncrementalSVDD(1.0 / (0.01 * 150), sigma)
-    s.extend(X)
+    with pytest.warns(BulkFallbackWarning, match="bulk build of 150 keys was not accepted"):
+        s.extend(X)
     assert s.n_bulk_builds == 0 and s.n_bulk_fallbacks == 1
     assert "above BULK_KKT_TOL" in s.bulk_fallback_reason
     assert "iteration limit" in s.bulk_fallback_reason
@@ -67,10 +70,12 @@ def test_without_the_polish_the_same_build_falls_back_and_says_why(monkeypatch):
 
 def test_a_rejected_landing_is_counted_and_named(monkeypatch):
     """A certificate no landing can meet: the replay builds the state, the fallback is on
-    record (it used to be visible only as n_bulk_builds staying 0)."""
+    record and announced (it used to be visible only as n_bulk_builds staying 0)."""
     monkeypatch.setattr(solver_module, "BULK_KKT_TOL", -1.0)
     X = np.random.default_rng(32).standard_normal((100, 4))
     s = IncrementalSVDD(0.02, 1.2)
-    s.extend(X)
+    with pytest.warns(BulkFallbackWarning, match="replaying them key by key") as record:
+        s.extend(X)
+    assert len(record) == 1 and record[0].filename == __file__  # points at the caller
     assert s.n_bulk_builds == 0 and s.n_bulk_fallbacks == 1
     assert s.bulk_fallback_reason.startswith("the landing's KKT residual")

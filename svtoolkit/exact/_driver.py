@@ -28,6 +28,15 @@ class SolverFailure(RuntimeError):
     """
 
 
+class BulkFallbackWarning(RuntimeWarning):
+    """A bulk build's landing missed the exact certificate: the batch is replayed key by key.
+
+    The replay reaches the same exact optimum, but one walk per key can take far longer
+    than the bulk build (minutes instead of seconds at a few thousand keys). The solver's
+    ``n_bulk_fallbacks`` counts these and ``bulk_fallback_reason`` names the last reason.
+    """
+
+
 class WalkDriver:
     """The maintained state of the exact walk and every call into its kernels.
 

@@ -11,6 +11,7 @@ persistence and the audit. Its maintained state and the crossings into the Numba
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from . import _consistency as CS
 from . import _landing as L
 from . import _walk as W
 from ._consistency import Audit, AuditSlice, Consistency
-from ._driver import SolverFailure, WalkDriver
+from ._driver import BulkFallbackWarning, SolverFailure, WalkDriver
 from ._state import export_state, restore_state, unshifted_inverse
 
 __all__ = ["IncrementalSVDD", "MarginSystem"]
@@ -216,8 +217,9 @@ class IncrementalSVDD(WalkDriver):
         correction walk), which ends on the exact optimum. Accepted only if the KKT residual
         from a fresh evaluation of the keys is at most BULK_KKT_TOL; a landing above it is
         first polished (:meth:`_polish_landing`, up to BULK_POLISH_ROUNDS times). One still not
-        accepted is counted in ``n_bulk_fallbacks`` and ``bulk_fallback_reason`` names why
-        (the batch is then replayed key by key, which can take far longer).
+        accepted is counted in ``n_bulk_fallbacks``, ``bulk_fallback_reason`` names why, and a
+        :class:`BulkFallbackWarning` says so (the batch is then replayed key by key, which can
+        take far longer).
         """
         n = len(X)
         if n < BULK_MIN_KEYS or not self._feasible(n) or self.max_events is not None:
@@ -245,6 +247,10 @@ class IncrementalSVDD(WalkDriver):
         self.n_bulk_fallbacks += 1
         self.bulk_fallback_reason = reason
         self._reset()
+        warnings.warn(f"extend: the bulk build of {n} keys was not accepted ({reason}); "
+                      "replaying them key by key through the exact walk, which reaches the "
+                      "same optimum but can take far longer", BulkFallbackWarning,
+                      stacklevel=4)  # _bulk_admit <- _admit_rows <- extend <- caller
         return False
 
     def _polish_landing(self):
