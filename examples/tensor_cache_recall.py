@@ -208,7 +208,8 @@ SCALE_DIFFERENCES = {
     "quick": ("a pipeline check: d_model 16, 1 layer, 6 steps; the numbers mean nothing",),
     "default": ("d_model 32, 2 layers, 2 heads (the paper's backbone is larger); gaps 24 and "
                 "48 (not 36), Table 4 at chunks 32 and 64 only, Tables 5, 6, 9 on request "
-                "(--table); at most 400 steps of batch 16; lr grid {1e-3, 3e-3}; seeds 0-2",),
+                f"(--table); at most {PROTOCOLS['default'].max_steps} steps of batch "
+                f"{PROTOCOLS['default'].batch_size}; lr grid {{1e-3, 3e-3}}; seeds 0-2",),
     "paper": ("d_model 128, 2 layers (inferred, see MODELS), 4 heads, batch 32 and at most "
               "1500 steps are choices; seeds 0-2 as in App. B.4",),
 }
