@@ -56,7 +56,8 @@ steps, L up to 64 x the block) prints its estimated training cost first; a GPU r
 
 Outputs ``<out>/long_context<suffix>.json`` (run record with the full configuration, rows
 with per-seed values and intervals, paired differences, training curves), ``.md``, ``.png``,
-the resumable ``.cells.jsonl`` and the trained weights in ``.models/``.
+``_curves.png`` (training validation curves), the resumable ``.cells.jsonl`` and the trained
+weights in ``.models/``.
 
 Run::
 
@@ -299,7 +300,7 @@ def main(argv=None):
         return status
     from svtoolkit.corpora import corpus_digest, load_corpus, read_corpus_file, resolve_name
     from svtoolkit.experiments.lm import probe_step_time, run_cell
-    from svtoolkit.experiments.lm_summary import figure
+    from svtoolkit.experiments.lm_summary import curves_figure, figure
     from svtoolkit.experiments.lm_summary import rows as lm_rows
     from svtoolkit.experiments.record import run_record
     from svtoolkit.sweep import cell_key, read_results, run_cells
@@ -382,6 +383,9 @@ def main(argv=None):
                      "NLL (nats / byte)", series, True)], stem.with_suffix(".png"),
                    f"Streaming NLL against L ({scale}; mean, 95 % bootstrap interval over "
                    "training seeds)")
+            curves_figure(training, stem.with_name(stem.name + "_curves.png"),
+                                     f"Long context ({scale}): training validation curves, "
+                                     "every lr and seed", ylabel="validation bits per byte")
         return text
 
     common = dict(results=cells_file, jobs=args.jobs, progress=not args.no_progress,

@@ -50,8 +50,8 @@ otherwise idle machine, less where the plateau rule stops a run. ``--paper`` (th
 GPU run.
 
 Outputs ``<out>/matched_state<suffix>.json`` (run record with the full configuration, rows,
-paired statistics, the confound verdict, curves), ``.md``, ``.png`` and the resumable
-``.cells.jsonl``.
+paired statistics, the confound verdict, curves), ``.md``, ``.png``, ``_curves.png``
+(validation curves, every lr and seed) and the resumable ``.cells.jsonl``.
 
 Run::
 
@@ -315,6 +315,7 @@ def main(argv=None):
     if status is not None:
         return status
     from svtoolkit.experiments.lm import probe_step_time, run_cell
+    from svtoolkit.experiments.lm_summary import curves_figure
     from svtoolkit.experiments.lm_summary import rows as lm_rows
     from svtoolkit.experiments.record import run_record
     from svtoolkit.sweep import cell_key, read_results, run_cells
@@ -377,6 +378,9 @@ def main(argv=None):
         stem.with_suffix(".md").write_text(text)
         if final:
             figure(summary, stem.with_suffix(".png"), f"Matched-state LM ({scale})")
+            curves_figure(summary["rows"], stem.with_name(stem.name + "_curves.png"),
+                                     f"Matched-state LM ({scale}): validation curves, every "
+                                     "lr and seed", ylabel="validation bits per byte")
         return text
 
     common = dict(results=cells_file, jobs=args.jobs, progress=not args.no_progress,
@@ -396,7 +400,7 @@ def main(argv=None):
         run_cells(run_cell, second, desc=f"matched_state ({scale}): matched window", **common)
     done = {k: v["result"] for k, v in read_results(cells_file).items()}
     print(write(done, final=True))
-    print(f"results: {stem}.json, .md, .png (cells in {cells_file})")
+    print(f"results: {stem}.json, .md, .png, _curves.png (cells in {cells_file})")
     return 0
 
 

@@ -117,3 +117,36 @@ def test_help_imports_neither_torch_nor_matplotlib(stem):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
     assert "--paper" in out.stdout and "--jobs" in out.stdout and "--methods" in out.stdout
+
+
+def test_curves_figure_draws_every_lr_and_seed(tmp_path):
+    """One panel per row, one line per (lr, seed); the chosen lr is drawn solid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from svtoolkit.experiments.lm_summary import curves_figure
+
+    curve = [{"step": 10, "val_loss": 3.0}, {"step": 20, "val_loss": 2.5}]
+    rows = [{"label": name, "chosen_lr": 0.003,
+             "curves": {"0.001": {"0": curve, "1": curve}, "0.003": {"0": curve, "1": curve}}}
+            for name in ("SV hybrid", "DeltaNet")]
+    drawn = []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, path, **kw):
+        drawn.append([[(line.get_linestyle(), line.get_xdata().tolist()) for line in ax.lines]
+                      for ax in fig.axes])
+        return real_savefig(fig, path, **kw)
+
+    plt.Figure.savefig = spy
+    try:
+        curves_figure(rows, tmp_path / "c.png", "title")
+    finally:
+        plt.Figure.savefig = real_savefig
+    assert (tmp_path / "c.png").stat().st_size > 0
+    (panels,) = drawn
+    assert len(panels) == 2 and all(len(lines) == 4 for lines in panels)
+    assert sorted(style for style, _ in panels[0]) == ["-", "-", "--", "--"]
+    assert panels[0][0][1] == [10, 20]

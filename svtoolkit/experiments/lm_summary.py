@@ -13,8 +13,8 @@ import math
 from .protocol import choose_lr
 from .summary import _group
 
-__all__ = ["READ", "confound_rule", "figure", "metric_summary", "paired_loss_differences", "rows",
-           "success_summary", "table"]
+__all__ = ["READ", "confound_rule", "curves_figure", "figure", "metric_summary",
+           "paired_loss_differences", "rows", "success_summary", "table"]
 
 #: The verdict of :func:`confound_rule` when the gap may be read.
 READ = "read"
@@ -223,3 +223,48 @@ def figure(panels, path, title):
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+
+def curves_figure(rows, path, title, *, ylabel="validation loss"):
+    """Validation curves of trained rows: one panel per row, one line per (lr, seed).
+
+    Parameters
+    ----------
+    rows : list of dict
+        Rows of :func:`rows` (``label`` or ``method``, ``chosen_lr``, ``curves``:
+        ``{lr: {seed: [{"step", "val_loss", ...}]}}``), as the result JSON holds them.
+    path : str or Path
+        The PNG to write.
+    title : str
+    ylabel : str
+        What ``val_loss`` measures (e.g. bits per byte).
+
+    The chosen learning rate's lines are solid, the others dashed; a line ends where the
+    plateau rule (or the step cap) stopped that run.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(rows))
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.2), squeeze=False, sharey=True)
+    for ax, row in zip(axes[0], rows, strict=False):
+        lrs = sorted(row["curves"], key=float)
+        for i, lr in enumerate(lrs):
+            chosen = float(lr) == float(row["chosen_lr"])
+            for j, (seed, curve) in enumerate(sorted(row["curves"][lr].items())):
+                ax.plot([c["step"] for c in curve], [c["val_loss"] for c in curve],
+                        color=f"C{i}", lw=1.4 if chosen else 0.8, ls="-" if chosen else "--",
+                        alpha=0.9 if chosen else 0.6,
+                        label=f"lr {float(lr):g}" + (" (chosen)" if chosen else "")
+                        if j == 0 else None)
+        ax.set_title(row.get("label", row.get("method", "")), fontsize=8)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
