@@ -48,8 +48,8 @@ two evaluation streams per seed, L up to 64 x the block: 36 trainings and 36 str
 Budget, measured with ``time.process_time`` of one pinned thread on the 2-core machine: one
 training step costs 0.06-0.09 CPU-s (the SV hybrid 0.15), a stream to 32 x the block 1-2
 CPU-s (the SV hybrid's exact gate 19), so the default costs about 2,300 CPU-s at the step cap:
-about 20 minutes with ``--jobs 2`` on an otherwise idle machine, less where the plateau rule
-stops a run. (The paper's backbone, 4 x 128 at block 256, costs 5 x more per step even at 2
+about 20 minutes with ``--jobs 2`` at the cap; the committed default run took 10 minutes with
+``--jobs 2`` (the plateau rule and short streams ended most cells early). (The paper's backbone, 4 x 128 at block 256, costs 5 x more per step even at 2
 layers, which does not fit three seeds and a learning-rate grid in the budget.) ``--paper``
 (the paper's Shakespeare setting: 4 layers, d_model 128, W = 128, block 256, up to 3,000
 steps, L up to 64 x the block) prints its estimated training cost first; a GPU run.
