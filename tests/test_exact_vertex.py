@@ -161,3 +161,19 @@ def test_keys_with_duplicates_deleted_down_to_n_C_one(jitter):
         assert_equals_fresh(s, probes)
     s.add(B1[0])
     assert_on_vertex(s)
+
+
+@pytest.mark.xfail(strict=True, reason="known defect: the rest state's bound snap (BOUND_SNAP C) "
+                   "moves both margin keys of this pair onto C, leaving sum(a) = 1 + 6e-13")
+def test_a_pair_just_above_the_vertex_keeps_its_margin_keys():
+    """Two keys with 2 C - 1 = 6e-13 (above FEASIBILITY_TOL, so not the vertex): the optimum
+    splits the mass equally, a = (1/2, 1/2), both margin keys 3e-13 below C. Each lies within
+    BOUND_SNAP C of C, so the snap puts both at C - a state with sum(a) = 2 C, off the
+    equality constraint by 6e-13, and a KKT residual of 1.2e-12 against the enumeration. A
+    snap must not move mass the correction walk cannot put back (here no margin key is left
+    to take it)."""
+    X = np.random.default_rng(109).standard_normal((2, 2))
+    s = IncrementalSVDD(0.5 + 3e-13, 2.5)
+    s.extend(X)
+    assert abs(s.alpha.sum() - 1.0) <= 4 * EPS
+    np.testing.assert_allclose(s.alpha, [0.5, 0.5], rtol=0, atol=4 * EPS)
