@@ -211,7 +211,8 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         return self
 
     def forget(self, ids):
-        """Delete fitted samples by exact decrements (exact unlearning).
+        """Delete fitted samples exactly (exact unlearning), by decrements or, for a large batch
+        on a margin-heavy model, a fresh solve of the rest (:meth:`IncrementalSVDD.remove_many`).
 
         Afterwards the model is the optimum of the retained samples under the same C: what
         ``fit`` on them with ``n0=n0_`` and ``gamma=gamma_`` gives.
@@ -246,8 +247,7 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
             return self
         backup = self.solver_.copy()
         try:
-            for sample_id in wanted:
-                self.solver_.remove(int(sample_id))
+            self.solver_.remove_many(wanted)  # a fresh solve of the rest where that is cheaper
         except SolverFailure:
             self.solver_ = backup
             raise
