@@ -53,7 +53,9 @@ Scales: ``--quick`` (seconds; the numbers mean nothing); the default (Tables 1 a
 at gap 24 and 0.19-0.26 CPU-s at gap 48 (``time.process_time`` of one pinned thread, on the
 2-core machine), a validation pass 0.2-0.9 CPU-s, so the 90 cells cost about 4,800 CPU-s at
 the step cap: about 40 minutes with ``--jobs 2`` on an otherwise idle 2-core machine, less
-where the plateau rule stops a run (a run at chance plateaus early). ``--paper`` (the
+where the plateau rule stops a run (a run at chance plateaus early). Measured for the committed
+run: Tables 1 and 4 took 27 minutes with ``--jobs 2`` on a shared machine, Tables 5, 6 and 9
+(``--table 1 4 5 6 9``, 72 more cells) 10 minutes more. ``--paper`` (the
 published gaps, chunks and seeds on d_model 128) prints its estimated cost first.
 
 Outputs ``<out>/tensor_cache_recall<suffix>.json`` (run record with the full configuration,
@@ -63,7 +65,7 @@ resumable ``.cells.jsonl``; the suffix is ``_quick`` / ``_paper``, empty for the
 Run::
 
     python examples/tensor_cache_recall.py --quick
-    nice -n 10 python examples/tensor_cache_recall.py --jobs 2 --no-progress
+    nice -n 10 python examples/tensor_cache_recall.py --table 1 4 5 6 9 --jobs 2 --no-progress
     python examples/tensor_cache_recall.py --table 5 6 9 --jobs 2
     python examples/tensor_cache_recall.py --paper --device cuda
 """
