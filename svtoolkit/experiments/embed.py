@@ -9,7 +9,7 @@ its tables by a pair of marker lines::
 
 and :func:`embed` replaces what lies between them with the table under the heading of that
 title (``## Table 1: matched-gap recall``) in that file: its lines that start with ``|``.
-So a number in the README is never typed by hand; ``python -m svtoolkit.experiments.ledger``
+So a result table in README.md or docs/ is never typed by hand; ``python -m svtoolkit.experiments.ledger``
 rewrites every block, and its ``--check`` (run by the tests) fails when a document is stale.
 """
 
@@ -18,12 +18,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["embed", "section_table", "DOCUMENTS"]
+__all__ = ["documents", "embed", "section_table"]
 
-#: The documents whose marked blocks are regenerated (relative to the repository root).
-DOCUMENTS = ("README.md", "docs/experiments_lm.md", "docs/long_context.md")
 END = "<!-- end of table -->"
 _BEGIN = re.compile(r'^<!-- table: (?P<file>\S+) "(?P<title>[^"]+)" -->$')
+
+
+def documents(root):
+    """The documents whose marked blocks are regenerated: README.md and every docs/*.md."""
+    root = Path(root)
+    return [path for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+            if path.exists()]
 
 
 def section_table(markdown, title):

@@ -32,7 +32,7 @@ import math
 from pathlib import Path
 
 from ..stats import clopper_pearson
-from .embed import DOCUMENTS, embed
+from .embed import documents, embed
 
 __all__ = ["VERDICTS", "load", "markdown", "problems", "readme_section", "refresh", "resolve"]
 
@@ -297,10 +297,8 @@ def main(argv=None):
     doc_text = markdown(entries)
     readme_text = _with_section((root / README).read_text(), readme_section(entries))
     outputs = {root / LEDGER: ledger_text, root / DOC: doc_text, root / README: readme_text}
-    for name in DOCUMENTS:  # the studies' tables shown in README.md and docs/
-        path = root / name
-        if path.exists():
-            outputs[path] = embed(outputs.get(path, path.read_text()), root)
+    for path in documents(root):  # the studies' tables shown in README.md and docs/
+        outputs[path] = embed(outputs.get(path, path.read_text()), root)
     outputs = tuple(outputs.items())
     if args.check:
         found += [f"{path} is not what the ledger generates" for path, text in outputs
