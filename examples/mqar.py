@@ -20,10 +20,10 @@ ablations, softmax, DeltaNet, linear attention, Gated DeltaNet as an extra row (
 table: SV-Attention, the SV hybrid as an extra row, softmax, DeltaNet).
 
 Scales: ``--quick`` (seconds), default (a 2-core CPU; measured: the vector table's 336 cells
-took 41 minutes of training in all, 6 s per cell (median), and the token table's cells 34 s
-each, so its 144 cells take about 80 minutes of training - about 1 hour for both tables with
-``--jobs 2``, above the 45 minutes the other studies fit in), ``--paper`` (prints its
-estimated cost first).
+took 41 minutes of training in all, 6 s per cell (median); the token table's last 125 cells
+took 10 minutes with ``--jobs 2``, since at this budget its runs stay at chance and the plateau
+rule stops them early - both tables in about 35 minutes with ``--jobs 2``), ``--paper``
+(prints its estimated cost first).
 
 Outputs ``<out>/mqar<suffix>.*`` (vector form) and ``<out>/mqar_tokens<suffix>.*`` (token
 form): ``.json``, ``.md``, ``.png``, ``_curves.png`` and the resumable ``.cells.jsonl``.
