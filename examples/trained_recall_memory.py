@@ -426,7 +426,8 @@ def markdown(rows, scale_line):
     lines = ["| quantity | svtoolkit (mean ± std over seeds) | published |", "|---|---:|---:|"]
     for r in rows:
         ours = _fmt(r["mean"]) + (f" ± {_fmt(r['std'])}" if len(r["per_seed"]) > 1 else "")
-        lines.append(f"| {r['label']} | {ours} | {_fmt(r['published'])} |")
+        label = r["label"].replace("|", "\\|")  # |S u E| inside a table cell
+        lines.append(f"| {label} | {ours} | {_fmt(r['published'])} |")
     lines += ["", scale_line, "",
               "Published values: Forgetful Attention (arXiv:2607.12204), §6 and Fig. 4 (one "
               "trained model; panels (a) and (b) on one scene each). Rates are fractions of "
