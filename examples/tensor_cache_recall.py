@@ -59,8 +59,9 @@ run: Tables 1 and 4 took 27 minutes with ``--jobs 2`` on a shared machine, Table
 published gaps, chunks and seeds on d_model 128) prints its estimated cost first.
 
 Outputs ``<out>/tensor_cache_recall<suffix>.json`` (run record with the full configuration,
-rows with per-seed values, success counts and intervals, curves), ``.md``, ``.png`` and the
-resumable ``.cells.jsonl``; the suffix is ``_quick`` / ``_paper``, empty for the default.
+rows with per-seed values, success counts and intervals, curves), ``.md``, ``.png``,
+``_curves.png`` (validation curves of every trained row, lr and seed) and the resumable
+``.cells.jsonl``; the suffix is ``_quick`` / ``_paper``, empty for the default.
 
 Run::
 
@@ -388,6 +389,15 @@ def figure(tables, path, title):
     draw(panels, path, title + " (mean, 95 % bootstrap interval over seeds)")
 
 
+def trained_rows(tables):
+    """The rows that train a model (the filler sweep evaluates Table 1's models again)."""
+    return [r for name, rows in tables.items() if name != "filler" for r in rows]
+
+
+def row_title(row):
+    return f"{row['table']}: {row_label(row['table'], row['row'])}, {row['x']}"
+
+
 def _jsonable_published(published):
     return {f"{k}@{x}": v for (k, x), v in published.items()}
 
@@ -401,6 +411,7 @@ def main(argv=None):
     if status is not None:
         return status
     from svtoolkit.experiments.lm import probe_step_time, run_cell
+    from svtoolkit.experiments.lm_summary import curves_figure
     from svtoolkit.experiments.record import run_record
     from svtoolkit.sweep import cell_key, run_cells
 
@@ -459,6 +470,9 @@ def main(argv=None):
         stem.with_suffix(".md").write_text(text)
         if final:
             figure(tables, stem.with_suffix(".png"), f"Tensor Cache recall ({scale})")
+            curves_figure(trained_rows(tables), stem.with_name(stem.name + "_curves.png"),
+                          f"Tensor Cache recall ({scale}): validation answer NLL, every lr "
+                          "and seed", ylabel="validation answer NLL", label=row_title)
         return text
 
     # the cell key leaves out the table bookkeeping (sweep_value): a cell shared by two

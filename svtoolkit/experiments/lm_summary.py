@@ -225,7 +225,7 @@ def figure(panels, path, title):
 
 
 
-def curves_figure(rows, path, title, *, ylabel="validation loss"):
+def curves_figure(rows, path, title, *, ylabel="validation loss", label=None, ncols=6):
     """Validation curves of trained rows: one panel per row, one line per (lr, seed).
 
     Parameters
@@ -238,6 +238,10 @@ def curves_figure(rows, path, title, *, ylabel="validation loss"):
     title : str
     ylabel : str
         What ``val_loss`` measures (e.g. bits per byte).
+    label : callable, optional
+        A row's panel title (default: its ``label``, else its ``method``).
+    ncols : int
+        Panels per figure row; more rows are added as needed.
 
     The chosen learning rate's lines are solid, the others dashed; a line ends where the
     plateau rule (or the step cap) stopped that run.
@@ -248,8 +252,13 @@ def curves_figure(rows, path, title, *, ylabel="validation loss"):
     import matplotlib.pyplot as plt
 
     n = max(1, len(rows))
-    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.2), squeeze=False, sharey=True)
-    for ax, row in zip(axes[0], rows, strict=False):
+    cols = min(n, ncols)
+    nrows = -(-n // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.2 * nrows), squeeze=False,
+                             sharey=True)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    for ax, row in zip(axes.flat, rows, strict=False):
         lrs = sorted(row["curves"], key=float)
         for i, lr in enumerate(lrs):
             chosen = float(lr) == float(row["chosen_lr"])
@@ -259,11 +268,13 @@ def curves_figure(rows, path, title, *, ylabel="validation loss"):
                         alpha=0.9 if chosen else 0.6,
                         label=f"lr {float(lr):g}" + (" (chosen)" if chosen else "")
                         if j == 0 else None)
-        ax.set_title(row.get("label", row.get("method", "")), fontsize=8)
+        ax.set_title(label(row) if label else row.get("label", row.get("method", "")),
+                     fontsize=8)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    axes[0][0].set_ylabel(ylabel)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
