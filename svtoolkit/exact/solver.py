@@ -45,11 +45,12 @@ BULK_POLISH_ROUNDS = 2
 #: :meth:`IncrementalSVDD.remove_many` solves the retained keys afresh by the bulk build when
 #: the batch is at least BULK_REMOVE_FRACTION of the keys held and the margin set at least
 #: BULK_REMOVE_MARGIN_SHARE of them: a decrement of a support key costs O(m^2) per event, so
-#: it is there that a batch of them outgrows one build. Measured (digits, d = 64, n = 1,797):
-#: with 645-1,187 margin keys the rebuild took 0.21-0.56 s against 1.1-5.7 s of decrements
-#: for 5-30 % of the keys; with 10-30 margin keys the decrements took 0.002-0.06 s against a
+#: it is there that a batch of them outgrows one build. Measured (digits, d = 64, n = 1,797;
+#: benchmarks/forget.py): with 645-1,260 margin keys the rebuild took 0.14-0.56 s against
+#: 1.1-7.6 s of decrements for 5-30 % of the keys, while at 2 % the two were within a factor
+#: 0.7-5 of each other; with 10-40 margin keys the decrements took 0.002-0.06 s against a
 #: 0.06-0.13 s rebuild.
-BULK_REMOVE_FRACTION = 0.05
+BULK_REMOVE_FRACTION = 0.04
 BULK_REMOVE_MARGIN_SHARE = 0.25
 #: Audit thresholds: maintained gradients vs a fresh evaluation, and ||R M - I||_max.
 #: AUDIT_GRAD_TOL also bounds rho's offset from a fresh solve's choice (units of f as well:
