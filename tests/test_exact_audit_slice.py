@@ -86,7 +86,7 @@ def test_audit_slice_reports_a_rho_pinned_by_a_residue():
 
 def test_audit_slice_refuses_unknown_ids_and_columns():
     s = _solver()
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="unknown id 1000000"):
         s.audit_slice([10**6], [])
     for bad in ([-1], [s.margin_size + 1]):
         with pytest.raises(ValueError, match="columns"):

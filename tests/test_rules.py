@@ -154,7 +154,7 @@ def test_the_tolerance_table_lists_every_rule_with_its_value():
 
 def test_the_table_parser_reads_values_and_refuses_other_text():
     assert _literal("1 - 1e-15") == _rules.FEASIBLE_FROM and _literal("2**-53") == 2.0**-53
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a numeric expression: 'C \\* 1e-12'"):
         _literal("C * 1e-12")
 
 
