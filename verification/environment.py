@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+
+from svtoolkit.experiments.record import git_state
 
 __all__ = ["environment"]
 
@@ -44,17 +45,6 @@ def _blas():
     return "; ".join(libs) or "unknown"
 
 
-def _git_commit():
-    """The checkout's HEAD commit (read-only ``git rev-parse``), or None."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root,
-                             capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def environment():
     """A dict describing where and with what the suite ran."""
     try:
@@ -69,6 +59,7 @@ def environment():
         "cpu_count": os.cpu_count(),
         "cpus_usable": usable,
         "blas": _blas(),
-        "git_commit": _git_commit(),
+        # {"commit", "dirty"} of the checkout (the experiments' run record reads it the same way)
+        "git": git_state(Path(__file__).resolve().parents[1]),
         "versions": {name: _version(name) for name in PACKAGES},
     }

@@ -216,7 +216,7 @@ def _environment_lines(meta):
     seeds = "; ".join(f"{k}: {v}" for k, v in meta["seeds"].items())
     return [
         f"- **Command**: `{meta['command']}`",
-        f"- **Date (UTC)**: {env['date_utc']}; **commit**: {env['git_commit'] or 'unknown'}",
+        f"- **Date (UTC)**: {env['date_utc']}; **commit**: {_commit_text(env.get('git'))}",
         f"- **Seeds**: {seeds}",
         f"- **Trials per regime**: {meta['trials_per_regime']} "
         f"({'quick default' if meta['quick'] else 'custom/full'}); **backend**: "
@@ -439,6 +439,13 @@ def write_figures(results, out):
     _figure_worst_vs_decay(results["regimes"], paths[0], plt)
     _figure_dev_vs_cond(results["trials"], paths[1], plt)
     return paths
+
+
+def _commit_text(git):
+    """The commit line of the report: the sha, marked when the tree had local changes."""
+    if not git:
+        return "unknown"
+    return git["commit"][:12] + (" (with uncommitted changes)" if git["dirty"] else "")
 
 
 def write_report(results, out):
