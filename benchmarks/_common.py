@@ -24,7 +24,8 @@ def cpu_model() -> str:
 
 def machine_info(packages=("numpy", "numba", "scipy", "cvxpy", "clarabel", "scikit-learn",
                            "torch", "mlx")):
-    """CPU model, core count, Python and package versions."""
+    """CPU model, core count, Python and package versions, and the checkout's commit (with its
+    dirty flag, as the experiments' run record gives it)."""
     cpu = cpu_model()
     versions = {}
     for name in packages:
@@ -39,6 +40,7 @@ def machine_info(packages=("numpy", "numba", "scipy", "cvxpy", "clarabel", "scik
         "python": platform.python_version(),
         "versions": versions,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git": record.git_state(Path(__file__).resolve().parent),
     }
 
 
