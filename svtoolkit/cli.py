@@ -223,9 +223,9 @@ def _cmd_init(args):
 
 def _refuse_signed_without_key(args):
     """A signed store is written only with its key (without it, it would become unsigned)."""
-    from .memory._format import is_signed_file
+    from .memory._database import is_signed_store
 
-    if _signing_key(args) is None and is_signed_file(args.store):
+    if _signing_key(args) is None and is_signed_store(args.store):
         raise ValueError(f"{args.store} is signed: give its key (--key-file PATH or "
                          f"${KEY_ENV}); without it the store would be written unsigned. "
                          "Nothing changed")
@@ -431,11 +431,11 @@ def _no_encoder(text):
 def _cmd_receipts(args):
     """The store's receipt log (written by ``memory serve``), verified by the service rules:
     every entry's MAC with the key, and the store not older than the newest entry."""
-    from .memory._format import is_signed_file
+    from .memory._database import is_signed_store
     from .memory._service import MemoryService
 
     key = _signing_key(args)
-    if key is None and is_signed_file(args.store):
+    if key is None and is_signed_store(args.store):
         raise ValueError(f"{args.store} is signed: give its key (--key-file PATH or "
                          f"${KEY_ENV}) to verify its receipts")
     with MemoryService(args.store, signing_key=key, encoder=_no_encoder) as service:

@@ -16,8 +16,8 @@ import numpy as np
 from . import _walk as W
 
 __all__ = ["export_state", "restore_state", "check_state", "state_int", "state_ints",
-           "steering_fields", "unshifted_inverse", "shifted_inverse", "STATE_FORMAT",
-           "STATE_SUM_TOL", "INT64_MAX"]
+           "steering_fields", "derived_arrays", "unshifted_inverse", "shifted_inverse",
+           "STATE_FORMAT", "STATE_SUM_TOL", "INT64_MAX"]
 
 
 def unshifted_inverse(R_shifted):
@@ -152,10 +152,16 @@ def check_state(state, n, m, d, solver):
                          "sum(a) = 1 (reserve exactly 0, error exactly C, margin in (0, C))")
 
 
-def export_state(solver):
-    """The state and steering settings of ``solver`` as plain arrays (copies) and numbers."""
+def export_state(solver, compact=False):
+    """The state and steering settings of ``solver`` as plain arrays (copies) and numbers.
+
+    ``compact=True`` leaves out the keys ``Xt`` (a caller that stores them itself puts them
+    back before :func:`restore_state`), the margin kernel rows ``KSt`` and the margin
+    positions ``spos``: :func:`restore_state` recomputes those two from the keys by the
+    walk's own kernel, bit for bit what the walk maintains.
+    """
     n, m = solver._n, solver._m
-    return {
+    state = {
         "format": STATE_FORMAT,
         "C": solver._C,
         "sigma": solver._sigma,
@@ -166,18 +172,43 @@ def export_state(solver):
         "max_events": solver.max_events,
         "probe_tol": solver._probe_tol,
         "margin_capacity": int(solver._S.shape[0]),
-        "Xt": solver._Xt[:, :n].copy(),
         "ids": solver._ids[:n].copy(),
         "alpha": solver._alpha[:n].copy(),
         "grad": solver._grad[:n].copy(),
         "status": solver._status[:n].copy(),
-        "spos": solver._spos[:n].copy(),
         "S": solver._S[:m].copy(),
-        "KSt": solver._KSt[:m, :n].copy(),
         "R": solver._R[: m + 1, : m + 1].copy(),
         "fs": solver._fs.copy(),
         "ist": solver._ist.copy(),
     }
+    if not compact:
+        state["Xt"] = solver._Xt[:, :n].copy()
+        state["spos"] = solver._spos[:n].copy()
+        state["KSt"] = solver._KSt[:m, :n].copy()
+    return state
+
+
+def derived_arrays(state, n, m):
+    """``KSt`` and ``spos`` of a compact state (:func:`export_state`), from its keys.
+
+    ``KSt[p] = K'(x_{S[p]}, .)`` by :func:`_walk.kernel_column`, the function that fills
+    every row the walk keeps (its entries are symmetric to the bit: the squared differences
+    are summed coordinate by coordinate in the same order either way), and ``spos[S[p]] = p``.
+    """
+    Xt = np.ascontiguousarray(state_floats(state, "Xt", (state_int(state, "d", 1, INT64_MAX),
+                                                         n)))
+    S = state_ints(state, "S", (m,))
+    ist = state_ints(state, "ist", (W.IST_SIZE,))
+    fs = np.asarray(state["fs"], dtype=np.float64)
+    anchor = int(ist[W._ANCHOR])
+    if not -1 <= anchor < n or (m and not ((S >= 0) & (S < n)).all()):
+        raise ValueError("state's anchor or margin list is outside [0, n)")
+    KSt = np.empty((m, n))
+    for p in range(m):
+        W.kernel_column(Xt, n, int(S[p]), anchor, fs[W._INV_SIGMA2], KSt[p])
+    spos = np.full(n, -1, dtype=np.int64)
+    spos[S] = np.arange(m)
+    return KSt, spos
 
 
 def restore_state(solver_class, state):
@@ -214,6 +245,9 @@ def restore_state(solver_class, state):
             solver._allocate(d=d, cap=16, mcap=mcap)
             solver._ist[:] = ist
         return solver
+    if "KSt" not in state:
+        state = dict(state)
+        state["KSt"], state["spos"] = derived_arrays(state, n, m)
     check_state(state, n, m, d, solver)
     solver._d = d
     solver._allocate(d=d, cap=max(16, n + 1), mcap=mcap)

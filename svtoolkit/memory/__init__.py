@@ -30,7 +30,8 @@ from ._errors import (
     StaleStateError,
     StoreOwnedError,
 )
-from ._format import FORMAT_VERSION, KKT_TOL, READABLE_VERSIONS
+from ._database import FORMAT_VERSION, READABLE_VERSIONS
+from ._format import KKT_TOL
 from ._receipts import AddResult, AuditReport, DeletionReceipt, ExtendResult, Hit, verify_receipt
 from ._signing import MIN_KEY_BYTES
 from .client import Client, ServerError

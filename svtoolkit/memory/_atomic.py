@@ -11,7 +11,6 @@ failed directory fsync after it cannot undo the rename, so it is a
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -142,8 +141,8 @@ def store_lock(path):
 
 
 @contextlib.contextmanager
-def _writing(target):
-    """Around one save: a shared lock on an existing ``REALPATH.lock`` (none when it does not
+def writing(target):
+    """Around one save of the store at real path ``target``: a shared lock on an existing ``REALPATH.lock`` (none when it does not
     exist), so that the save is refused while a server owns the store; nothing for a thread
     that holds the store lock."""
     if fcntl is None or _holding(target):  # not POSIX, or this thread holds the lock
@@ -264,9 +263,8 @@ def _create_temp(directory, base):
         return fd, tmp
 
 
-def _write_chunk(fh, chunk, hasher):
+def _write_chunk(fh, chunk):
     """One write of the save path (a seam for the crash-injection tests)."""
-    hasher.update(chunk)
     fh.write(chunk)
 
 
@@ -281,7 +279,7 @@ def _fsync_directory(directory):
 
 
 def atomic_write(path, chunks):
-    """Write ``chunks`` followed by their sha256 to ``path``, atomically.
+    """Write ``chunks`` to ``path``, atomically.
 
     Steps: resolve ``path``; remove stale temporary files of this store (left by crashed
     saves); write a new temporary file in the same directory, fsync it; rename it over the
@@ -308,7 +306,7 @@ def atomic_write(path, chunks):
         rename may not survive a power loss.
     """
     target = resolve(path)
-    with _writing(target):
+    with writing(target):
         _replace(target, chunks)
 
 
@@ -318,10 +316,8 @@ def _replace(target, chunks):
     fd, tmp = _create_temp(directory, base)
     try:
         with os.fdopen(fd, "wb") as fh:
-            hasher = hashlib.sha256()
             for chunk in chunks:
-                _write_chunk(fh, chunk, hasher)
-            fh.write(hasher.digest())
+                _write_chunk(fh, chunk)
             fh.flush()
             os.fsync(fh.fileno())
             if fcntl is not None:  # rename under the temp's lock: no cleanup takes it first

@@ -1,10 +1,12 @@
-"""The memory file format: serialisation and parsing (``docs/memory.md``, "File format").
+"""The single-file format of versions 1 and 2 (read; the next save converts it to the store
+database of :mod:`._database`), and the checks every load applies, whichever the format
+(``docs/memory.md``, "File format").
 
 A version-2 file is a fixed binary header (magic, version, flags, header length), a UTF-8 JSON
 header, the solver's arrays (raw little-endian, 8-byte aligned), an optional HMAC-SHA256 of
-all of that (flag bit 0), and a sha256 of every preceding byte. Version-1 files (no flags, no
-MAC) are still read. This module turns a memory's parts into those bytes and back, refusing
-anything malformed; it knows nothing about queries or the solver's mathematics.
+all of that (flag bit 0), and a sha256 of every preceding byte; version-1 files have no flags
+and no MAC. This module parses those bytes, refusing anything malformed; it knows nothing
+about queries or the solver's mathematics.
 """
 
 from __future__ import annotations
@@ -21,13 +23,11 @@ from ._errors import MemoryAuthenticationError, MemoryFileError
 from ._receipts import CHAIN_HEAD_FIELDS
 from ._signing import MAC_BYTES, file_mac, macs_equal
 
-__all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "MAGIC", "KKT_TOL", "FileContents",
-           "serialize", "parse_file", "parse_tombstones", "check_solver_numbers",
-           "check_maintained_numbers", "is_signed_file"]
+__all__ = ["READABLE_VERSIONS", "MAGIC", "KKT_TOL", "FileContents", "parse_file",
+           "parse_counter", "parse_cursor", "parse_chain", "parse_tombstones",
+           "check_solver_numbers", "check_maintained_numbers", "is_signed_file"]
 
-#: Version of the file format written by :meth:`ForgettableMemory.save`.
-FORMAT_VERSION = 2
-#: Versions :meth:`ForgettableMemory.load` reads.
+#: Versions of the single-file format :meth:`ForgettableMemory.load` reads.
 READABLE_VERSIONS = (1, 2)
 #: First 8 bytes of every memory file.
 MAGIC = b"SVTKMEM\x00"
@@ -111,71 +111,6 @@ def is_signed_file(path):
     return magic == MAGIC and version >= 2 and bool(flags & _SIGNED)
 
 
-# ---------------------------------------------------------------------------- writing
-def serialize(solver_state, *, config, metadata_text, records, tombstones, next_auto,
-              revision, digest, audit_cursor=(0, 0), receipt_chain=None, key=None):
-    """The bytes of a memory file, without the trailing checksum, as a list of chunks.
-
-    Parameters
-    ----------
-    solver_state : dict
-        :meth:`IncrementalSVDD.state_dict`.
-    config : dict
-    metadata_text : str
-    records : list of [str, int, str]
-    tombstones : list of [str, str, float]
-    next_auto, revision : int
-    digest : str
-    audit_cursor : sequence of two or three int, default (0, 0)
-        The rolling audit's cursor (next solver id, next bordered-system column, operations
-        before its next slice).
-    receipt_chain : dict, optional
-        The head of the store's receipt log; written only when given.
-    key : bytes, optional
-        Signing key: the last chunk is then the HMAC-SHA256 of all the others.
-
-    Returns
-    -------
-    list of bytes
-    """
-    arrays, scalars, blobs, offset = [], {}, [], 0
-    for name, val in solver_state.items():
-        if isinstance(val, np.ndarray):
-            a = np.ascontiguousarray(val, dtype=val.dtype.newbyteorder("<"))
-            pad = (-offset) % _ALIGN
-            offset += pad
-            blobs.append(b"\x00" * pad)
-            arrays.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape),
-                           "offset": offset, "nbytes": a.nbytes})
-            blobs.append(a.tobytes())
-            offset += a.nbytes
-        else:
-            scalars[name] = val
-    header = {
-        "format": _FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "config": config,
-        "metadata_json": metadata_text,
-        "records": records,
-        "tombstones": tombstones,
-        "next_auto": next_auto,
-        "revision": revision,
-        "digest": digest,
-        "audit_cursor": [int(c) for c in audit_cursor],
-        "solver_scalars": scalars,
-        "arrays": arrays,
-    }
-    if receipt_chain is not None:
-        header["receipt_chain"] = receipt_chain
-    text = json.dumps(header, ensure_ascii=False, allow_nan=False,
-                      separators=(",", ":")).encode("utf-8")
-    flags = 0 if key is None else _SIGNED
-    chunks = [_HEADER.pack(MAGIC, FORMAT_VERSION, flags, len(text)), text, *blobs]
-    if key is not None:
-        chunks.append(file_mac(key, chunks))
-    return chunks
-
-
 # ---------------------------------------------------------------------------- reading
 def parse_file(data, key=None):
     """Check the framing, checksum and (with a key) MAC of a memory file; parse the rest.
@@ -250,16 +185,16 @@ def parse_file(data, key=None):
         metadata_text=header["metadata_json"],
         records=header["records"],
         tombstones=header["tombstones"],
-        next_auto=_parse_counter(header, "next_auto"),
-        revision=_parse_counter(header, "revision"),
+        next_auto=parse_counter(header, "next_auto"),
+        revision=parse_counter(header, "revision"),
         digest=header["digest"],
         solver_state=state,
-        audit_cursor=_parse_cursor(header),
-        receipt_chain=_parse_chain(header),
+        audit_cursor=parse_cursor(header),
+        receipt_chain=parse_chain(header),
     )
 
 
-def _parse_cursor(header):
+def parse_cursor(header):
     """The rolling audit's cursor: two or three integers >= 0 (absent in older files: start
     over; files that predate the countdown hold two)."""
     cursor = header.get("audit_cursor", [0, 0, 0])
@@ -275,7 +210,7 @@ def _is_hex(value, digits):
         c in "0123456789abcdef" for c in value)
 
 
-def _parse_chain(header):
+def parse_chain(header):
     """The head of the store's receipt log, or None (absent: no receipt logged with a chain,
     or a file written before the chain existed)."""
     chain = header.get("receipt_chain")
@@ -328,7 +263,7 @@ def _parse_arrays(specs, body, base):
     return out
 
 
-def _parse_counter(header, name):
+def parse_counter(header, name):
     """A header counter (``next_auto``, ``revision``): an integer >= 0."""
     value = header[name]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -45,7 +45,7 @@ import time
 import warnings
 
 from .._validation import check_int
-from . import _atomic, _format
+from . import _atomic, _database
 from ._errors import MemoryFileError, ReceiptError, StaleStateError
 from ._receipts import advance, chain_line, check_chain, next_link, verify_receipt
 from ._store import ForgettableMemory
@@ -301,7 +301,7 @@ class MemoryService:
 
     def _load(self):
         mem = ForgettableMemory.load(self.path, key=self._key)
-        if self._key is None and _format.parse_file(_atomic.read_file(self.path), None).signed:
+        if self._key is None and _database.is_signed_store(self.path):
             raise MemoryFileError(
                 f"{self.path} is signed: give its key (--key-file PATH or "
                 "$SVTOOLKIT_MEMORY_KEY), otherwise the server would save it unsigned")

@@ -20,7 +20,7 @@ import numpy as np
 from .._rules import feasible
 from .._validation import as_key, as_keys, check_int, check_positive, check_sigma
 from ..exact import IncrementalSVDD, SolverFailure
-from . import _atomic, _certificates, _format, _persistence, _table
+from . import _atomic, _certificates, _database, _persistence, _table
 from ._audit import RollingAudit
 from ._codec import check_new_record_id, decode_value, encode_value
 from ._errors import BudgetExceededWarning, MemoryFileError, ReceiptError, StaleStateError
@@ -157,6 +157,8 @@ class ForgettableMemory:
         self._lock = threading.RLock()
         self._table = _table.RecordTable()
         self._tombstones = {}  # record_id -> (reason, time)
+        self._tombstones_changed = {}  # ids tombstoned or untombstoned since the last write
+        self._binding = None  # the store database last read or written (_database.Binding)
         self._next_auto = 0
         self._revision = 0
         self._receipt_chain = None  # head of the store's receipt log (a server's; _receipts)
@@ -335,6 +337,17 @@ class ForgettableMemory:
         self._table.drop(record_id)
         if reason is not None:
             self._tombstones[record_id] = (reason, when)
+            self._tombstone_changed(record_id)
+
+    def _untombstone(self, record_id):
+        """A tombstoned id is held again (its tombstone goes)."""
+        if self._tombstones.pop(record_id, None) is not None:
+            self._tombstone_changed(record_id)
+
+    def _tombstone_changed(self, record_id):
+        # in the order of the changes: the store writes new tombstones in the dict's order
+        self._tombstones_changed.pop(record_id, None)
+        self._tombstones_changed[record_id] = None
 
     def _changed(self, solver=True):
         """Bookkeeping after a change; when the solver moved, one slice of the rolling audit.
@@ -469,7 +482,7 @@ class ForgettableMemory:
             sid = self._solver.add(key)  # SolverFailure: rebuilt without the key, re-raised
             self._table.insert(int(sid), key, record_id, value_text, leaf)
             self._next_auto = next_auto
-            self._tombstones.pop(record_id, None)
+            self._untombstone(record_id)
             self._changed()
             evicted = self._enforce_budget() if self._budget is not None else ()
             self._last_evicted = evicted
@@ -518,7 +531,7 @@ class ForgettableMemory:
             sids = self._solver.extend(keys)  # SolverFailure: as before, re-raised
             self._table.insert_many(sids, keys, ids, texts, leaves)
             for rid in ids:
-                self._tombstones.pop(rid, None)
+                self._untombstone(rid)
             self._next_auto = next_auto
             self._changed()
             evicted = self._enforce_budget() if self._budget is not None else ()
@@ -841,12 +854,12 @@ class ForgettableMemory:
         """
         key = self._signing_key if key is None else check_key(key)
         with self._lock:
-            if key is None and _format.is_signed_file(_atomic.resolve(path)):
+            if key is None and _database.is_signed_store(_atomic.resolve(path)):
                 raise ValueError(
                     f"{path} is a signed store: saving this memory without its signing key "
                     "would replace it unsigned (load it with key=..., or pass key= to save); "
                     "nothing was written")
-            _atomic.atomic_write(path, _persistence.file_contents(self, key))
+            _persistence.save(self, path, key)
 
     @classmethod
     def load(cls, path, *, key=None, verify="auto", check_kkt=True):
@@ -917,11 +930,9 @@ class ForgettableMemory:
         """
         key = None if key is None else check_key(key)
         verify = _certificates.check_verify(verify, _certificates.VERIFY_LEVELS)
-        data = _atomic.read_file(path)
         try:
-            return _persistence.from_contents(cls, _format.parse_file(data, key), key,
-                                              verify if check_kkt else "none",
-                                              FRESH_KKT_WORK)
+            return _persistence.load(cls, path, key, verify if check_kkt else "none",
+                                     FRESH_KKT_WORK)
         except MemoryFileError as exc:
             raise type(exc)(f"{path}: {exc}") from None
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError,

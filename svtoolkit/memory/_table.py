@@ -125,6 +125,7 @@ class RecordTable:
         self._leaf_by_sid = np.zeros((0, 32), dtype=np.uint8)
         self._block_hash = np.zeros((0, 32), dtype=np.uint8)
         self._dirty_blocks = set()
+        self.changed_sids = set()  # slots added, dropped or edited since the last store write
         self._rid_by_sid = {}
         self._records = {}  # record_id -> (sid, value_text)
         self._alpha_synced = False
@@ -161,6 +162,14 @@ class RecordTable:
     def key(self, sid):
         """Key of the record in slot ``sid``, ndarray of shape (d,) (a copy)."""
         return self.keys[self._row_by_sid[sid]].copy()
+
+    def row(self, sid):
+        """``(record_id, key, value_text)`` of the record in slot ``sid``, or None when the
+        slot holds none (the store database's row of that slot)."""
+        record_id = self._rid_by_sid.get(int(sid))
+        if record_id is None:
+            return None
+        return record_id, self.keys[self._row_by_sid[sid]], self._records[record_id][1]
 
     # ------------------------------------------------------------------ changes
     def insert(self, sid, key, record_id, value_text, leaf):
@@ -208,6 +217,7 @@ class RecordTable:
         self._leaf_by_sid[sids] = leaves
         self._dirty_blocks.update(np.unique(sids // BLOCK).tolist())
         sid_list = sids.tolist()
+        self.changed_sids.update(sid_list)
         self._rid_by_sid.update(zip(sid_list, record_ids))
         self._records.update(zip(record_ids, zip(sid_list, value_texts)))
         self.n += k
@@ -394,6 +404,7 @@ class RecordTable:
     def _set_leaf(self, sid, leaf):
         self._leaf_by_sid[sid] = leaf
         self._dirty_blocks.add(sid // BLOCK)
+        self.changed_sids.add(int(sid))
 
     def records_root(self):
         """sha256 over the block count and the block hashes; a block hashes the leaves of its
