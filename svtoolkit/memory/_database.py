@@ -33,8 +33,10 @@ is committed, no file of the store holds the forgotten key or value.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import secrets
 import sqlite3
 import struct
@@ -325,9 +327,32 @@ def write_new(path, header, arrays, rows, tombstones, key):
         data = con.serialize()
     finally:
         con.close()
-    # page-sized chunks: the seam of the crash tests sees the file being written
-    _atomic.atomic_write(path, (data[i:i + 4096] for i in range(0, len(data), 4096)))
+    with _atomic.writing(path):
+        _settle_journal(path)
+        # page-sized chunks: the seam of the crash tests sees the file being written
+        _atomic.atomic_write(path, (data[i:i + 4096] for i in range(0, len(data), 4096)))
+        _remove_journal(path)
     return binding
+
+
+def _settle_journal(path):
+    """Before a new database replaces ``path``: roll back a hot journal that a killed writer
+    left (the file it belongs to is whole again should the replacement not happen)."""
+    if not os.path.exists(path + "-journal") or not is_database(path):
+        return
+    con = _configure(sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_S))
+    try:
+        con.execute("BEGIN IMMEDIATE")  # a hot journal is played back here
+        con.execute("ROLLBACK")
+    finally:
+        con.close()
+
+
+def _remove_journal(path):
+    """After the rename: a journal left beside the store belongs to the replaced file (SQLite
+    ignores one its writer never committed, and it holds that file's pages); remove it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path + "-journal")
 
 
 def _insert_tombstones(con, binding, items):
