@@ -56,22 +56,23 @@ What the memory guarantees, and the scope of each guarantee:
            exceeds the budget, nothing more is evicted and the store grows past the budget
            (with a warning).
 
-  files    Saves are atomic (temporary file, fsync, rename, directory fsync): a crash leaves
-           the old file or the new one, and the next save removes temporary files that
-           crashed saves left. The rename is the commit point: if only the directory fsync
-           after it fails, the change is kept, a warning is printed and the exit status is 0.
-           A symlinked store: the real file is rewritten and locked. Loading checks the
-           format version, a sha256 checksum, the internal consistency, the KKT residual and
-           the state digest, and refuses a damaged file (the KKT residual and solver arrays
-           recomputed from the keys; for a large signed store whose MAC verified, from the
-           maintained gradients unless --verify full). The checksum
-           detects damage, not deliberate tampering: it is not a signature (no key is
-           involved), so someone who can write the file can recompute it, and the stored
-           digest too. The state digest covers the configuration (C, sigma, budget,
-           min_similarity, key dimension), the held records and the coefficients, and
-           not the tombstones, the metadata or the counters; keep receipts' digests
-           elsewhere (or sign the store) to detect a forged state. Values are JSON;
-           nothing is unpickled.
+  files    A store is one SQLite database. A change is one transaction that writes what
+           changed (the record's row, the solver's changed blocks, the seal): a crash
+           leaves the old state or the new one (the rollback journal restores it), and a
+           forgotten key and value are overwritten (secure_delete) and in no file once the
+           forget is committed. A single file of an earlier version loads and is converted
+           by the next change (a new database renamed into place, atomically). A symlinked
+           store: the real file is written and locked. Loading checks the format version,
+           the seal (an unkeyed sha256, or with a key its HMAC), the internal consistency,
+           the KKT residual and the state digest, and refuses a damaged store (the KKT
+           residual and solver arrays recomputed from the keys; for a large signed store
+           whose MAC verified, from the maintained gradients unless --verify full). The
+           unkeyed seal detects damage, not deliberate tampering: it is not a signature,
+           so someone who can write the file can recompute it, and the stored digest too.
+           The state digest covers the configuration (C, sigma, budget, min_similarity, key
+           dimension), the held records and the coefficients, and not the tombstones, the
+           metadata or the counters; keep receipts' digests elsewhere (or sign the store)
+           to detect a forged state. Values are JSON; nothing is unpickled.
 
   signing  With a key (--key-file PATH, or the environment variable SVTOOLKIT_MEMORY_KEY;
            the key is the text with surrounding whitespace removed, at least 16 bytes),
@@ -450,7 +451,7 @@ def _cmd_sign(args):
     if key is None:
         raise ValueError(f"sign needs a key: --key-file PATH or ${KEY_ENV}")
     with _locked(args.store):
-        mem = ForgettableMemory.load(args.store)  # verified by checksum, KKT and digest
+        mem = ForgettableMemory.load(args.store)  # verified by seal, KKT and digest
         mem.save(args.store, key=key)
     print(f"signed {args.store} (HMAC-SHA256; revision {mem.revision})")
 

@@ -13,8 +13,9 @@ in the :class:`ForgettableMemory` docstring.
 Modules: ``_store`` (the memory, its operations and queries), ``_persistence`` (what a save
 writes, how a load rebuilds and verifies), ``_certificates`` (what a receipt certifies, at which
 verification level), ``_table`` (the record table and its incremental digest), ``_codec``
-(values as canonical JSON), ``_format`` (the file format), ``_atomic`` (atomic replacement of a
-file, store locks), ``_signing`` (HMAC-SHA256 of files and receipts), ``_receipts`` (receipts,
+(values as canonical JSON), ``_database`` (the store database: SQLite, written by the change),
+``_format`` (the single files of earlier versions, read; the load checks), ``_atomic`` (atomic
+replacement of a file, store locks), ``_signing`` (HMAC-SHA256 of stores and receipts), ``_receipts`` (receipts,
 audit reports, add and extend results), ``_audit`` (the rolling audit), ``_errors``; the local service: ``_service`` (state rules), ``server`` (HTTP),
 ``client``.
 """

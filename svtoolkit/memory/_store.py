@@ -1,6 +1,6 @@
 """The store: :class:`ForgettableMemory`, its operations, queries and persistence calls.
 
-The record table, the value codec, the file format and the atomic write live in their own
+The record table, the value codec, the store database and the atomic write live in their own
 modules of :mod:`svtoolkit.memory`, as do what a save writes and how a load rebuilds and
 verifies a memory (``_persistence``) and what a receipt certifies (``_certificates``); this one
 ties them to the exact solver.
@@ -83,8 +83,8 @@ class ForgettableMemory:
         JSON-serialisable annotations saved with the memory (the command line records the text
         encoder here).
     signing_key : bytes, optional
-        Secret key (at least 16 bytes). With it, :meth:`save` signs files (HMAC-SHA256 over
-        the whole file) and every receipt carries a MAC (:func:`verify_receipt`).
+        Secret key (at least 16 bytes). With it, :meth:`save` signs the store (an HMAC-SHA256
+        seal over its state) and every receipt carries a MAC (:func:`verify_receipt`).
         :meth:`load` with ``key=`` gives the loaded memory that key.
 
     Notes
@@ -106,9 +106,9 @@ class ForgettableMemory:
     * **Transactions.** Bad input raises before anything changes; every public operation
       (:meth:`save` included, until the file is in place) holds one lock, so concurrent
       readers never see a half-applied operation and concurrent saves land in order.
-    * **Files.** The file checksum and the state digest detect damage, not deliberate
-      tampering (both are unkeyed and can be recomputed); see :meth:`load`. A signing key
-      adds an HMAC that does detect tampering by anyone without the key.
+    * **Files.** The store's unkeyed seal and the state digest detect damage, not deliberate
+      tampering (both can be recomputed); see :meth:`load`. A signing key makes the seal an
+      HMAC, which does detect tampering by anyone without the key.
     * **Threads.** Every operation holds the memory's lock. Use the return values
       (:meth:`add_record`, :meth:`evict_reserve`, receipts), not :attr:`last_evicted`, when
       several threads share a memory.
@@ -379,8 +379,8 @@ class ForgettableMemory:
         coefficients' float64 bits, both in insertion order (every other coefficient is
         exactly 0.0, so this fixes every bit of the coefficient vector). Every variable-length
         field is preceded by its length, so two different states never encode to the same
-        bytes (the rule of file format version 2; version-1 files are checked with the
-        version-1 rule when loaded, and report version-2 digests afterwards).
+        bytes (the rule of file format versions 2 and 3; version-1 files are checked with the
+        version-1 rule when loaded, and report the current digests afterwards).
 
         It does **not** cover the tombstones, the metadata, ``nu`` and ``n0`` (only the C they
         gave), the revision, the next automatic id, or the solver's derived arrays (gradients,
@@ -390,7 +390,7 @@ class ForgettableMemory:
         ``digest_after`` can be compared with the digest of a saved file later.
 
         The digest is an unkeyed hash: it identifies a state, it does not authenticate one.
-        Whoever can write a memory file can recompute the digest (and the file checksum) for
+        Whoever can write a store can recompute the digest (and the unkeyed seal) for
         a state of their choosing; only a digest kept elsewhere (a receipt) detects that.
 
         Returns
@@ -810,20 +810,29 @@ class ForgettableMemory:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path, *, key=None):
-        """Write the memory to ``path`` atomically (signed when there is a key).
+        """Write the memory to the store database at ``path`` (signed when there is a key).
 
-        Steps: resolve ``path`` (a symlink's target is the file rewritten; the link stays);
-        remove temporary files that earlier crashed saves of this store left (they can hold
-        records forgotten since); write a temporary file in the same directory, fsync it;
-        rename it over the target - **the commit point**; fsync the directory. A failure
-        before the rename raises and leaves the previous file; a crash at any point leaves
-        the previous file or the new one, never a mix. A failed directory fsync after the
-        rename cannot undo it: it is a :class:`DurabilityWarning`, not an error. The file is
-        created readable by its owner only. Format: ``docs/memory.md`` (version
-        :data:`FORMAT_VERSION`, sha256 checksum, optional HMAC-SHA256, no pickle).
+        **A save to the store this memory was loaded from or last saved to** (while the file
+        still holds that state) writes only what changed since, in one SQLite transaction:
+        the rows of the records added, edited or dropped, the tombstones made or dropped, the
+        blocks of the solver's per-key arrays whose bytes changed (its gradient moves at every
+        key: 8 bytes a key), and the header with the new seal. The commit is the commit point:
+        a crash before it leaves the previous state (SQLite's rollback journal restores it at
+        the next open). **Any other save** (another path, a store another writer changed, a
+        single file of an earlier version, which is so converted) writes a whole new database:
+        resolve ``path`` (a symlink's target is the file rewritten; the link stays); remove
+        temporary files that earlier crashed saves of this store left (they can hold records
+        forgotten since); write a temporary file in the same directory, fsync it; rename it
+        over the target - the commit point; fsync the directory. Either way a crash leaves
+        the previous state or the new one, never a mix, and a forgotten record's key and
+        value are in no file of the store once its save is committed (``docs/memory.md``,
+        "What a forget erases"). A failed directory fsync after a rename cannot undo it: it is
+        a :class:`DurabilityWarning`, not an error. The file is created readable by its owner
+        only. Format: ``docs/memory.md``, "Store database" (version :data:`FORMAT_VERSION`;
+        no pickle).
 
-        The memory's lock is held until the file is in place, so concurrent saves of one
-        memory land in the order of its operations: a save never replaces a file with an
+        The memory's lock is held until the change is committed, so concurrent saves of one
+        memory land in the order of its operations: a save never replaces a store with an
         older state than one already saved by another thread (which would bring back a
         forgotten record). Operations on the memory wait for a save in progress. Processes
         sharing a store must serialise load-change-save with :func:`store_lock` (the command
@@ -834,8 +843,8 @@ class ForgettableMemory:
         path : str or path-like
         key : bytes, optional
             Signing key (at least 16 bytes); default: the memory's own (``signing_key``,
-            or the key it was loaded with). With a key the file carries an HMAC-SHA256 over
-            all its bytes, checked by ``load(path, key=...)``.
+            or the key it was loaded with). With a key the store's seal is an HMAC-SHA256,
+            checked by ``load(path, key=...)``.
 
         Raises
         ------
@@ -845,12 +854,12 @@ class ForgettableMemory:
         StoreOwnedError
             A running server owns the store (it holds the store's lock); nothing is written.
         OSError
-            The file could not be written (before the commit point; nothing changed).
+            The store could not be written (before the commit point; nothing changed).
 
         Warns
         -----
         DurabilityWarning
-            The save is committed but the directory fsync failed.
+            A new database is in place but the directory fsync failed.
         """
         key = self._signing_key if key is None else check_key(key)
         with self._lock:
@@ -865,13 +874,16 @@ class ForgettableMemory:
     def load(cls, path, *, key=None, verify="auto", check_kkt=True):
         """Read a memory written by :meth:`save`, refusing anything that does not verify.
 
-        Checks, in order: the magic bytes and the format version (1 or 2), the sha256
-        checksum of the whole file, with a ``key`` the HMAC (before anything else is parsed),
-        the structure of the header and arrays, the solver's internal consistency, the record
-        table, the tombstones (known reason, id not held, time a finite number of seconds in
-        [0, year 9999]) and counters (integers >= 0), the solver's numbers (``verify``),
-        and the state digest (by the rule of the file's version). Values are read as JSON;
-        nothing is unpickled.
+        Checks, in order: the format (a store database of version 3, or a single file of
+        version 1 or 2, which loads and converts at the next save); the seal (an unkeyed
+        sha256 over the header, the solver's arrays and the tombstones; with a ``key``, the
+        HMAC, before anything is parsed; a single file's checksum and MAC); the structure of
+        the header and arrays, the solver's internal consistency, the record table, the
+        tombstones (known reason, id not held, time a finite number of seconds in [0, year
+        9999]) and counters (integers >= 0), the solver's numbers (``verify``), and the state
+        digest (which covers the records; by the rule of the file's version). Values are read
+        as JSON; nothing is unpickled. A database is read in one transaction (a consistent
+        state while a writer commits).
 
         The solver's numbers are checked at one of two levels. **Full**: the KKT residual
         recomputed from the stored keys (at most :data:`KKT_TOL`) together with the
@@ -881,12 +893,12 @@ class ForgettableMemory:
         most :data:`KKT_TOL`; O(n)); nothing is recomputed from the keys (the rolling audit
         resumes at the next operation that changes the solver).
 
-        Without a key, the checksum detects damage, not deliberate tampering: it is an unkeyed
+        Without a key, the seal detects damage, not deliberate tampering: it is an unkeyed
         sha256, which anyone who can write the file can recompute, and so is the stored
-        digest. A file edited with both recomputed is refused only if the edit breaks the
+        digest. A store edited with both recomputed is refused only if the edit breaks the
         structure, the KKT conditions (a coefficient or key changed) or the solver's
         consistency; tombstones, metadata, ``nu``/``n0``, the revision and the next automatic
-        id are covered by the checksum alone (see :meth:`state_digest`). With a key, any
+        id are covered by the seal alone (see :meth:`state_digest`). With a key, any
         change by someone without the key is refused. Neither detects a *replayed* older
         file signed with the same key: compare with the newest receipt
         (:meth:`check_receipt`).
@@ -901,7 +913,7 @@ class ForgettableMemory:
         verify : {"auto", "full", "maintained"}, default "auto"
             The level of the solver's checks. ``"auto"`` is ``"full"`` for a file loaded
             without a key (there the fresh checks are what refuse a modified coefficient, key
-            or solver array whose checksum was recomputed) and for any state whose fresh
+            or solver array whose seal was recomputed) and for any state whose fresh
             evaluation costs at most :data:`FRESH_KKT_WORK`; it is ``"maintained"`` for a
             larger signed file whose MAC verified with ``key`` (nobody without the key can
             have changed a byte of it). ``"maintained"`` on an unsigned file accepts some
@@ -921,7 +933,7 @@ class ForgettableMemory:
             With a key: the file is not signed, or its MAC does not verify (modified, or
             signed with another key). A subclass of :class:`MemoryFileError`.
         MemoryFileError
-            Not a memory file, unsupported version, checksum mismatch, inconsistent or
+            Not a memory store, unsupported version, seal or checksum mismatch, inconsistent or
             malformed contents (including a header that is not a JSON object or is nested too
             deeply), a solver state a fresh evaluation contradicts (KKT residual, gradients,
             inverse, kernel rows), or a digest mismatch. Names the problem.
