@@ -697,7 +697,8 @@ def test_a_file_replaced_despite_the_lock_is_never_answered_from(fresh, tmp_path
                                ("POST", "/query", {"key": [0, 0]}), ("GET", "/receipts", None),
                                ("POST", "/records", {"key": [0, 0], "value": 1})]:
         status, out = server.raw(method, path, body)
-        assert status == 409 and re.search(r"was replaced by another process", out["error"])
+        assert status == 409 and re.search(r"was replaced or written by another process",
+                                           out["error"])
     assert open(server.store, "rb").read() == data
 
 
@@ -719,11 +720,29 @@ def test_a_service_owns_its_store_until_it_is_closed(tmp_path):
     other = tmp_path / "other.svtk"
     later.save(other)
     os.replace(other, store)  # a program that ignores the lock
-    with pytest.raises(StoreChangedError, match=r"was replaced by another process"):
+    with pytest.raises(StoreChangedError, match=r"was replaced or written by another process"):
         service.records()
     service.close()
     with MemoryService(store) as again:
         assert again.n_records == 6 and again.record("behind")["value"].startswith("written")
+
+
+def test_a_store_written_in_place_behind_the_service_is_refused(tmp_path):
+    """A program that ignores the lock and writes the database in place (no new inode) is
+    seen too: the service answers nothing from its copy after that."""
+    import sqlite3
+
+    store = tmp_path / "s.svtk"
+    make_store(store)
+    with MemoryService(store) as service:
+        service.forget("r1")  # its own commits are noted
+        assert service.record("r2")["record_id"] == "r2"
+        con = sqlite3.connect(store)
+        with con:
+            con.execute("UPDATE records SET value = ? WHERE record_id = 'r2'", ('"behind"',))
+        con.close()
+        with pytest.raises(StoreChangedError, match=r"was replaced or written by another"):
+            service.record("r2")
 
 
 def test_a_failed_save_changes_nothing(tmp_path, monkeypatch):

@@ -64,8 +64,8 @@ _RECEIPT_FIELDS = ("operation", "record_id", "time", "digest_before", "digest_af
 
 
 class StoreChangedError(RuntimeError):
-    """The store file was replaced by another process since the server loaded or saved it
-    (by a program that ignored the server's lock)."""
+    """The store file was replaced or written by another process since the server loaded or
+    saved it (by a program that ignored the server's lock)."""
 
 
 class ServiceUnavailable(RuntimeError):
@@ -118,9 +118,13 @@ class _ReadWriteLock:
 
 
 def _identity(path):
-    """What changes when a file is replaced (a rename gives a new inode)."""
-    st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    """What changes when a file is replaced (a rename gives a new inode) or written in place
+    (a new mtime and, for a database, its change counter: bytes 24-27 of its header, which
+    every commit increments even within the clock's granularity)."""
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        counter = os.pread(fh.fileno(), 4, 24)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, counter
 
 
 def _fields(body, allowed, what):
@@ -369,9 +373,9 @@ class MemoryService:
             current = None
         if current != self._identity:
             raise StoreChangedError(
-                f"{self.path} was replaced by another process although this server owns it; "
-                "nothing is answered from a state the file may no longer hold (restart the "
-                "server to serve the file's state)")
+                f"{self.path} was replaced or written by another process although this server "
+                "owns it; nothing is answered from a state the file may no longer hold "
+                "(restart the server to serve the file's state)")
 
     @contextlib.contextmanager
     def _reading(self):
