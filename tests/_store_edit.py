@@ -2,9 +2,9 @@
 
 :func:`edit_store` changes rows of a store written by :meth:`ForgettableMemory.save` and, by
 default, recomputes its unkeyed seal, as whoever can write the file can: the seal then no
-longer tells, and what refuses the edit is the structure, the digest or the solver's checks.
-With ``key`` it reseals with that key (the forger holds it); with ``reseal=False`` the seal is
-left as it was.
+longer tells, and what refuses the edit is the structure, the digest, the solver's checks or,
+for a signed store, its MAC. With ``key`` it recomputes the MAC too (the forger holds the
+key); with ``reseal=False`` both are left as they were.
 """
 
 from __future__ import annotations
@@ -106,16 +106,19 @@ def edit_store(path, *, header=None, arrays=None, sql=(), reseal=True, key=None,
 
 
 def seal_store(path, key=None):
-    """Recompute and store the seal of the database's current contents."""
+    """Recompute and store the (unkeyed) seal of the database's current contents; with
+    ``key`` its MAC too (a forger who holds the key)."""
     meta, slots, tombs, _ = read_rows(path)
     slot_hashes = {name: [hashlib.sha256(b).digest() for b in slots.get(name, [])]
                    for name in D.SLOT_ARRAYS}
     rows = {seq: D._tomb_row(seq, rid, reason, when) for seq, rid, reason, when in tombs}
     tomb_hashes = {b: D._tomb_block_hash(rows, b) for b in {s // D.TOMB_BLOCK for s in rows}}
     small = {name: meta[f"array:{name}"] for name in D.SMALL_ARRAYS}
-    seal = D._seal(key, meta["header"], small, slot_hashes, tomb_hashes)
+    seal, mac = D._seal(key, meta["header"], small, slot_hashes, tomb_hashes)
     con = sqlite3.connect(path, isolation_level=None)
     try:
         con.execute("UPDATE meta SET value = ? WHERE name = 'seal'", (seal,))
+        if key is not None:
+            con.execute("UPDATE meta SET value = ? WHERE name = 'mac'", (mac,))
     finally:
         con.close()

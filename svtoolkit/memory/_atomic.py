@@ -26,7 +26,8 @@ except ImportError:  # pragma: no cover - not POSIX: no advisory locks
 
 from ._errors import DurabilityWarning, StoreOwnedError
 
-__all__ = ["atomic_write", "read_file", "resolve", "store_lock", "StoreOwnership"]
+__all__ = ["atomic_write", "read_file", "remove_stale_temps", "resolve", "store_lock",
+           "StoreOwnership", "writing"]
 
 
 def resolve(path):
@@ -219,6 +220,13 @@ def _temp_pattern(base):
     ``.BASE.<8 of [a-z0-9_]>.tmp`` (``tempfile``'s names, written by earlier versions). The
     random part has a fixed length and no dot, so a name belongs to exactly one store."""
     return re.compile(re.escape(f".{base}.") + r"(?:[0-9a-f]{16}|[a-z0-9_]{8})\.tmp")
+
+
+def remove_stale_temps(target):
+    """Delete the temporary files that crashed saves of the store at real path ``target``
+    left behind (every save does, whichever way it writes)."""
+    directory, base = os.path.split(target)
+    _remove_stale_temps(directory, base)
 
 
 def _remove_stale_temps(directory, base):

@@ -5,7 +5,8 @@ Tables::
 
     meta(name PRIMARY KEY, value)   header (canonical JSON: configuration, counters, the state
                                     digest, the receipt chain's head, the solver's scalars),
-                                    the solver's small arrays (S, R, fs, ist), signed, seal
+                                    the solver's small arrays (S, R, fs, ist), signed, seal,
+                                    mac
     records(sid PRIMARY KEY, record_id UNIQUE, key, value)   one row per held record
     tombstones(seq PRIMARY KEY, record_id UNIQUE, reason, time)   in the order they were made
     slots(name, block, data)        the solver's per-slot arrays (ids, alpha, grad, status) in
@@ -19,10 +20,10 @@ operation: 8 bytes a key; keys, values and the margin kernel rows are not rewrit
 meta rows. Any other save builds a whole database in memory and renames it over the target
 (:func:`._atomic.atomic_write`).
 
-The seal is a sha256 (unsigned: it detects damage) or an HMAC-SHA256 (signed: it detects
-forgery) over the header, the small arrays, and the roots of two-level hashes of the slot
-blocks and of the tombstones (blocks of TOMB_BLOCK sequence numbers), so that a write
-rehashes only what it wrote. The records enter through the header's state digest, which a
+The seal is a sha256 (it detects damage) over the header, the small arrays, and the roots of
+two-level hashes of the slot blocks and of the tombstones (blocks of TOMB_BLOCK sequence
+numbers), so that a write rehashes only what it wrote; a signed store also holds the
+HMAC-SHA256 of the same under its key (it detects forgery). The records enter through the header's state digest, which a
 load recomputes from the records it read.
 
 Erasure: every connection that writes sets ``secure_delete`` (SQLite overwrites deleted
@@ -229,14 +230,14 @@ def _tomb_root(tomb_hashes):
 
 
 def _seal(key, header_text, small, slot_hashes, tomb_hashes):
-    """Hex sha256 (no key) or HMAC-SHA256 over everything but the record rows."""
+    """``(seal, mac)``: the hex sha256 over everything but the record rows, and the hex
+    HMAC-SHA256 of the same under ``key`` ("" without a key)."""
     parts = [_SEAL_TAG]
     for chunk in (header_text, *(small[name] for name in SMALL_ARRAYS),
                   _slot_root(slot_hashes), _tomb_root(tomb_hashes)):
         parts += [_U64.pack(len(chunk)), chunk]
-    if key is None:
-        return hashlib.sha256(b"".join(parts)).hexdigest()
-    return file_mac(key, parts).hex()
+    seal = hashlib.sha256(b"".join(parts)).hexdigest()
+    return seal, ("" if key is None else file_mac(key, parts).hex())
 
 
 def _header_text(header):
@@ -268,8 +269,8 @@ def _record_row(sid, row):
     return sid, record_id, np.ascontiguousarray(key, dtype="<f8").tobytes(), text
 
 
-def _write_meta(con, header_text, small, signed, seal):
-    rows = [("header", header_text), ("signed", int(signed)), ("seal", seal)]
+def _write_meta(con, header_text, small, seal, mac):
+    rows = [("header", header_text), ("signed", int(bool(mac))), ("seal", seal), ("mac", mac)]
     rows += [(f"array:{name}", small[name]) for name in SMALL_ARRAYS]
     con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
 
@@ -321,8 +322,8 @@ def write_new(path, header, arrays, rows, tombstones, key):
         _insert_tombstones(con, binding, tombstones.items())
         small = _small_bytes(arrays)
         text = _header_text(_full_header(header, arrays, store_id, len(tombstones)))
-        binding.seal = _seal(key, text, small, binding.slot_hashes, binding.tomb_hashes)
-        _write_meta(con, text, small, key is not None, binding.seal)
+        binding.seal, mac = _seal(key, text, small, binding.slot_hashes, binding.tomb_hashes)
+        _write_meta(con, text, small, binding.seal, mac)
         con.execute("COMMIT")
         data = con.serialize()
     finally:
@@ -419,6 +420,7 @@ def _apply(con, binding, new, header, arrays, rows, tombstones, changed_sids, ch
            key):
     """The transaction of :func:`write_changes` on an open connection."""
     with _atomic.writing(binding.path):
+        _atomic.remove_stale_temps(binding.path)  # they can hold records forgotten since
         con.execute("BEGIN IMMEDIATE")
         try:
             if not _holds(con, binding):
@@ -429,8 +431,8 @@ def _apply(con, binding, new, header, arrays, rows, tombstones, changed_sids, ch
             _write_slots(con, new, arrays)
             small = _small_bytes(arrays)
             text = _header_text(_full_header(header, arrays, new.store_id, len(tombstones)))
-            new.seal = _seal(key, text, small, new.slot_hashes, new.tomb_hashes)
-            _write_meta(con, text, small, key is not None, new.seal)
+            new.seal, mac = _seal(key, text, small, new.slot_hashes, new.tomb_hashes)
+            _write_meta(con, text, small, new.seal, mac)
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
@@ -590,8 +592,16 @@ def _meta_field(meta, name, kind):
 
 def _parse(meta, slot_rows, tomb_rows, record_rows, path, key):
     header_text = _meta_field(meta, "header", bytes)
-    signed = _meta_field(meta, "signed", int) == 1
+    signed = _meta_field(meta, "signed", int)
+    if signed not in (0, 1):
+        raise MemoryFileError(f"the store database's meta row 'signed' is {signed!r}, not 0 "
+                              "or 1")
+    signed = bool(signed)
     seal = _meta_field(meta, "seal", str)
+    mac = _meta_field(meta, "mac", str)
+    if signed != bool(mac):
+        raise MemoryFileError("the store database's meta rows disagree: 'signed' is "
+                              f"{int(signed)} but it holds {'a' if mac else 'no'} MAC")
     small = {name: _meta_field(meta, f"array:{name}", bytes) for name in SMALL_ARRAYS}
     slot_blocks = {name: [] for name in SLOT_ARRAYS}
     for name, block, data in slot_rows:
@@ -611,7 +621,7 @@ def _parse(meta, slot_rows, tomb_rows, record_rows, path, key):
     binding.next_seq = tomb_rows[-1][0] + 1 if tomb_rows else 0
     for block in {seq // TOMB_BLOCK for seq in binding.tomb_rows}:
         binding.tomb_hashes[block] = _tomb_block_hash(binding.tomb_rows, block)
-    _check_seal(key, signed, seal, header_text, small, slot_hashes, binding.tomb_hashes)
+    _check_seal(key, signed, seal, mac, header_text, small, slot_hashes, binding.tomb_hashes)
     header = _parse_header(header_text)
     binding.store_id = header["store_id"]
     arrays = _parse_arrays(header, small, slot_blocks)
@@ -622,19 +632,21 @@ def _parse(meta, slot_rows, tomb_rows, record_rows, path, key):
     return Stored(header, arrays, records, tombstones, signed, binding)
 
 
-def _check_seal(key, signed, seal, header_text, small, slot_hashes, tomb_hashes):
+def _check_seal(key, signed, seal, mac, header_text, small, slot_hashes, tomb_hashes):
+    """The seal always (damage, signed or not); with a key, the MAC too (forgery)."""
+    found, found_mac = _seal(key, header_text, small, slot_hashes, tomb_hashes)
+    if found != seal:
+        raise MemoryFileError("seal mismatch: the store is damaged or was modified after it "
+                              "was written")
     if key is not None:
         if not signed:
             raise MemoryAuthenticationError(
                 "the store is not signed (no MAC), but a signing key was given: it was saved "
                 "without a key, or its MAC was stripped")
-        if not macs_equal(_seal(key, header_text, small, slot_hashes, tomb_hashes), seal):
+        if not macs_equal(found_mac, mac):
             raise MemoryAuthenticationError(
                 "MAC mismatch: the store was modified after it was signed, or signed with "
                 "another key")
-    elif not signed and _seal(None, header_text, small, slot_hashes, tomb_hashes) != seal:
-        raise MemoryFileError("seal mismatch: the store is damaged or was modified after it "
-                              "was written")
 
 
 def _parse_header(raw):
