@@ -16,6 +16,7 @@ import svtoolkit.cli as cli
 from svtoolkit import SolverFailure
 from svtoolkit.cli import main
 from svtoolkit.memory import ForgettableMemory
+from _store_edit import read_rows
 
 
 def run(capsys, *argv):
@@ -153,11 +154,26 @@ def test_solver_and_permission_failures_are_one_line_errors(store, capsys, monke
 
 
 def test_damaged_store_is_refused(store, capsys):
-    data = bytearray(store.read_bytes())
-    data[30] ^= 0xFF
+    """Damage on disk: a byte of a row (SQLite sees a sound page; the seal does not match),
+    then a byte of SQLite's own structure."""
+    good = store.read_bytes()
+    header = read_rows(store)[0]["header"]
+    assert good.count(header) == 1
+    at = good.index(header) + header.index(b'"revision":0') + len(b'"revision":')
+    data = bytearray(good)
+    data[at] ^= 0x01  # revision 0 -> 1: still valid JSON
     store.write_bytes(bytes(data))
     code, _, err = run(capsys, "audit", store)
-    assert code == 1 and "checksum mismatch" in err
+    assert code == 1 and "seal mismatch: the store is damaged" in err
+    assert len(err.splitlines()) == 1
+    data = bytearray(good)
+    data[30] ^= 0xFF  # the database's size in pages (its file header)
+    store.write_bytes(bytes(data))
+    code, _, err = run(capsys, "audit", store)
+    assert code == 1 and "not a readable store database" in err
+    assert len(err.splitlines()) == 1
+    store.write_bytes(good)
+    assert run(capsys, "audit", store)[0] == 0
 
 
 def test_help_explains_guarantees_and_scope(capsys):

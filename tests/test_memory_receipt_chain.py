@@ -10,9 +10,11 @@ the server's start are covered too.
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +24,9 @@ from svtoolkit.memory import (
     MemoryFileError,
     verify_receipt,
 )
+from svtoolkit.memory._database import SQLITE_MAGIC
 from svtoolkit.memory._service import MemoryService
+from _store_edit import header_of
 
 KEY = b"receipt-chain-test-key-32-bytes!"
 FORGOTTEN = ("r0", "r1", "r2", "r3")
@@ -213,10 +217,11 @@ def test_a_store_written_before_the_chain_loads_and_its_chain_starts_at_the_next
         del entry["prev"]
         old_lines.append(json.dumps(entry, sort_keys=True, ensure_ascii=True).encode())
     write_lines(store, old_lines)
+    assert header_of(store)["receipt_chain"]["count"] == 2
     mem = ForgettableMemory.load(store)
-    mem._receipt_chain = None  # the store as earlier versions wrote it
+    mem._receipt_chain = None  # the store as earlier versions wrote it: no head
     mem.save(store)
-    assert b"receipt_chain" not in open(store, "rb").read()
+    assert header_of(store)["receipt_chain"] is None
     with MemoryService(store) as service:  # loads: nothing to check the old lines against
         assert service.receipts()["total"] == 2
         service.forget("r2")
@@ -233,6 +238,25 @@ def test_a_store_written_before_the_chain_loads_and_its_chain_starts_at_the_next
     write_lines(store, [lines[1], lines[0], lines[2]])  # two old lines swapped
     refused(store, None, r"line 3 carries prev .*expected .*\(the chain's genesis \(bound "
                          r"to this store and to the lines before the chain\)\)")
+
+
+def test_a_version_2_file_starts_its_chain_at_the_first_write(tmp_path):
+    """A single file of version 2 predates the chain (no head, no log): the service loads it,
+    and its first receipt converts it to a database whose head counts that one line."""
+    store = tmp_path / "s.svtk"
+    shutil.copyfile(Path(__file__).parent / "data" / "memory_v2.svtk", store)
+    assert b"receipt_chain" not in store.read_bytes()
+    with MemoryService(store) as service:
+        assert service.receipts()["total"] == 0
+        service.forget("k5")
+    from svtoolkit.memory._receipts import chain_genesis
+
+    assert store.read_bytes().startswith(SQLITE_MAGIC)
+    head = header_of(store)["receipt_chain"]
+    assert head["legacy"] == 0 and head["count"] == 1
+    assert json.loads(lines_of(store)[0])["prev"] == chain_genesis(head["store"], [])
+    with MemoryService(store) as service:
+        assert service.receipts()["total"] == 1
 
 
 # ------------------------------------------------------------------ crashes

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import sqlite3
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +25,6 @@ import pytest
 import svtoolkit.memory._store as store_module
 from svtoolkit.cli import main as cli_main
 from svtoolkit.memory import (
-    FORMAT_VERSION,
     DeletionReceipt,
     ForgettableMemory,
     MemoryAuthenticationError,
@@ -33,9 +35,11 @@ from svtoolkit.memory._audit import AUDIT_PERIOD, MAX_STRIDE, MIN_KEYS, RollingA
 from svtoolkit.memory._codec import non_canonical_values
 from svtoolkit.memory._signing import receipt_mac
 from svtoolkit.memory._table import RecordTable, record_leaf
+from _store_edit import arrays_of, edit_store, header_of
 
 KEY = b"0123456789abcdef-scale"
-HEADER = "<8sIIQ"
+HEADER = "<8sIIQ"  # single files (versions 1, 2): magic, version, flags, header length
+DATA = Path(__file__).parent / "data"
 
 
 def gaussian(seed, n=120, d=3):
@@ -55,25 +59,25 @@ def large(monkeypatch):
     monkeypatch.setattr(store_module, "FRESH_KKT_WORK", 0)
 
 
-def _rewrite(path, mutate):
-    """Apply ``mutate`` to the header and array bytes of an unsigned file; new checksum."""
+def _rewrite_single_file(path, mutate):
+    """Apply ``mutate`` to the header and array bytes of an unsigned single file (version 2);
+    new checksum."""
     data = path.read_bytes()
-    _, _, flags, hlen = struct.unpack_from(HEADER, data, 0)
-    assert flags == 0
+    _, version, flags, hlen = struct.unpack_from(HEADER, data, 0)
+    assert (version, flags) == (2, 0)
     start = struct.calcsize(HEADER)
     header = json.loads(data[start:start + hlen])
     blob = bytearray(data[start + hlen:-32])
     mutate(header, blob)
     text = json.dumps(header).encode()
-    body = struct.pack(HEADER, b"SVTKMEM\x00", FORMAT_VERSION, 0, len(text)) + text + bytes(blob)
+    body = struct.pack(HEADER, b"SVTKMEM\x00", version, 0, len(text)) + text + bytes(blob)
     path.write_bytes(body + hashlib.sha256(body).digest())
 
 
 def _nudge(name, slot, delta):
-    def mutate(header, blob):
-        spec = next(a for a in header["arrays"] if a["name"] == name)
-        at = spec["offset"] + 8 * slot
-        struct.pack_into("<d", blob, at, struct.unpack_from("<d", blob, at)[0] + delta)
+    """An edit of the stored arrays (for :func:`edit_store`): ``name[slot] += delta``."""
+    def mutate(arrays):
+        arrays[name][slot] += delta
     return mutate
 
 
@@ -153,7 +157,9 @@ def test_an_unsigned_file_is_fully_verified_by_default(tmp_path, large):
     path = tmp_path / "m.svtk"
     mem.save(path)
     reserve = mem._solver._slot_of[int(mem._solver.reserve_ids[0])]
-    _rewrite(path, _nudge("grad", reserve, 1e-3))  # still >= 0: the maintained KKT holds
+    before = arrays_of(path)["grad"][reserve]
+    edit_store(path, arrays=_nudge("grad", reserve, 1e-3))  # still >= 0: the maintained KKT holds
+    assert arrays_of(path)["grad"][reserve] == before + 1e-3
     with pytest.raises(MemoryFileError, match="grad drift .* exceeds"):
         ForgettableMemory.load(path)
     assert ForgettableMemory.load(path, verify="maintained").load_verification == "maintained"
@@ -164,7 +170,7 @@ def test_the_maintained_load_refuses_a_broken_certificate(tmp_path):
     path = tmp_path / "m.svtk"
     mem.save(path)
     margin = mem._solver._slot_of[int(mem._solver.margin_ids[0])]
-    _rewrite(path, _nudge("grad", margin, 1e-3))  # a margin gradient must be 0
+    edit_store(path, arrays=_nudge("grad", margin, 1e-3))  # a margin gradient must be 0
     with pytest.raises(MemoryFileError, match="maintained kkt residual .* exceeds"):
         ForgettableMemory.load(path, verify="maintained")
 
@@ -173,10 +179,12 @@ def test_the_default_load_still_refuses_a_tampered_signed_file(tmp_path, large):
     mem, _ = built(6, signing_key=KEY)
     path = tmp_path / "m.svtk"
     mem.save(path)
-    data = bytearray(path.read_bytes())
-    data[-200] ^= 0x01  # inside the arrays
-    body = bytes(data[:-32])
-    path.write_bytes(body + hashlib.sha256(body).digest())  # checksum recomputed
+    assert header_of(path)["n"] > 100
+
+    def flip(arrays):  # one bit inside the arrays
+        arrays["alpha"].view(np.uint8)[-200] ^= 0x01
+
+    edit_store(path, arrays=flip)  # the seal recomputed, without the key
     with pytest.raises(MemoryAuthenticationError, match="MAC mismatch"):
         ForgettableMemory.load(path, key=KEY)
 
@@ -308,10 +316,11 @@ def test_the_audit_cursor_survives_save_and_load(tmp_path):
     mem.save(tmp_path / "m.svtk")
     loaded = ForgettableMemory.load(tmp_path / "m.svtk")
     assert loaded._rolling.cursor() == mem._rolling.cursor() != [0, 0, 0]
-    _rewrite(tmp_path / "m.svtk", lambda h, b: h.update(audit_cursor=[4, 1]))  # older file
+    assert header_of(tmp_path / "m.svtk")["audit_cursor"] == mem._rolling.cursor()
+    edit_store(tmp_path / "m.svtk", header=lambda h: h | {"audit_cursor": [4, 1]})  # older
     assert ForgettableMemory.load(tmp_path / "m.svtk")._rolling.cursor() == [4, 1, 0]
     for bad in ([1, -2], [1, 2, 3, 4], [1, True, 0]):
-        _rewrite(tmp_path / "m.svtk", lambda h, b, bad=bad: h.update(audit_cursor=bad))
+        edit_store(tmp_path / "m.svtk", header=lambda h, bad=bad: h | {"audit_cursor": bad})
         with pytest.raises(MemoryFileError, match=r"audit_cursor must be \[next id"):
             ForgettableMemory.load(tmp_path / "m.svtk")
 
@@ -329,15 +338,36 @@ def test_bulk_canonical_check_matches_the_one_by_one_check(texts, bad):
 
 
 def test_a_duplicated_record_id_in_a_file_is_refused(tmp_path):
+    path = tmp_path / "m.svtk"
     mem, _ = built(15)
-    mem.save(tmp_path / "m.svtk")
+    mem.save(path)
+    # the store database refuses a second row with one record id (UNIQUE) ...
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE constraint failed: "
+                                                     "records.record_id"):
+        edit_store(path, sql=[("UPDATE records SET record_id = 'k0' WHERE record_id = 'k1'",
+                               ())])
+    assert ForgettableMemory.load(path).record_ids == mem.record_ids  # nothing changed
+    # ... and so does the load, when the table is rebuilt without the constraint
+    edit_store(path, sql=[
+        ("CREATE TABLE loose(sid INTEGER PRIMARY KEY, record_id TEXT NOT NULL, "
+         "key BLOB NOT NULL, value TEXT NOT NULL)", ()),
+        ("INSERT INTO loose SELECT * FROM records", ()),
+        ("DROP TABLE records", ()),
+        ("ALTER TABLE loose RENAME TO records", ()),
+        ("UPDATE records SET record_id = 'k0' WHERE record_id = 'k1'", ())])
+    with pytest.raises(MemoryFileError, match="record id 'k0' appears twice"):
+        ForgettableMemory.load(path)
+    # a single file of version 2 has no constraint: its load refuses the duplicate
+    legacy = tmp_path / "v2.svtk"
+    shutil.copyfile(DATA / "memory_v2.svtk", legacy)
 
     def duplicate(header, blob):
+        assert header["records"][0][0] == "k4"
         header["records"][1][0] = header["records"][0][0]
 
-    _rewrite(tmp_path / "m.svtk", duplicate)
-    with pytest.raises(MemoryFileError, match="record id 'k0' appears twice"):
-        ForgettableMemory.load(tmp_path / "m.svtk")
+    _rewrite_single_file(legacy, duplicate)
+    with pytest.raises(MemoryFileError, match="record id 'k4' appears twice"):
+        ForgettableMemory.load(legacy)
 
 
 # ------------------------------------------------------------------ command line

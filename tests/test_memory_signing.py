@@ -10,6 +10,7 @@ import hmac
 import json
 import shutil
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,10 +25,13 @@ from svtoolkit.memory import (
     StaleStateError,
     verify_receipt,
 )
+from _store_edit import edit_store, header_of, read_rows
 
 KEY = b"k" * 16 + b"-the-auditors-key"
 OTHER = b"o" * 32
-HEADER = struct.Struct("<8sIIQ")  # magic, version, flags, header length
+HEADER = struct.Struct("<8sIIQ")  # single files (versions 1, 2): magic, version, flags, length
+DATA = Path(__file__).parent / "data"
+V2_KEY = b"version-2-fixture-key-32-bytes!!"  # tests/data/memory_v2_signed.svtk's
 
 
 def signed_memory(seed=0, n=12):
@@ -59,28 +63,31 @@ def test_signed_round_trip(saved):
 def test_unsigned_file_is_refused_with_a_key(tmp_path):
     path = tmp_path / "plain.svtk"
     ForgettableMemory(sigma=1.0, C=0.5).save(path)
-    with pytest.raises(MemoryAuthenticationError, match="the file is not signed"):
+    with pytest.raises(MemoryAuthenticationError, match="the store is not signed"):
         ForgettableMemory.load(path, key=KEY)
+    # a single file of version 2, unsigned, likewise
+    with pytest.raises(MemoryAuthenticationError, match="the file is not signed"):
+        ForgettableMemory.load(DATA / "memory_v2.svtk", key=KEY)
 
 
 def test_flipped_byte_with_recomputed_checksum_is_refused(saved):
-    """The revision is outside the digest: without a key, only the checksum guards it."""
-    data = saved.read_bytes()
-    assert HEADER.unpack_from(data, 0)[2] == 1  # signed
-    assert data.count(b'"revision":12,') == 1
-    forged = data[:-32].replace(b'"revision":12,', b'"revision":13,')  # one byte flipped
-    saved.write_bytes(recompute_checksum(forged))
+    """The revision is outside the digest: without a key, only the seal guards it, and whoever
+    can write the file can recompute an unkeyed seal."""
+    meta = read_rows(saved)[0]
+    assert meta["signed"] == 1 and header_of(saved)["revision"] == 12
+    assert meta["header"].count(b'"revision":12,') == 1
+    edit_store(saved, header_text=meta["header"].replace(b'"revision":12,',
+                                                         b'"revision":13,'))  # one byte
+    assert read_rows(saved)[0]["seal"] != meta["seal"]  # resealed, without the key
     assert ForgettableMemory.load(saved).revision == 13  # the unkeyed checks cannot tell
-    with pytest.raises(MemoryAuthenticationError, match="MAC mismatch: the file was modified"):
+    with pytest.raises(MemoryAuthenticationError, match="MAC mismatch: the store was modified"):
         ForgettableMemory.load(saved, key=KEY)
 
 
 def test_stripped_mac_is_refused(saved):
-    data = saved.read_bytes()
-    magic, version, _, hlen = HEADER.unpack_from(data, 0)
-    body = HEADER.pack(magic, version, 0, hlen) + data[HEADER.size:-64]  # flag and MAC gone
-    saved.write_bytes(recompute_checksum(body))
-    assert len(ForgettableMemory.load(saved)) == 12  # a valid unsigned file now
+    edit_store(saved, sql=[("UPDATE meta SET value = 0 WHERE name = 'signed'", ())])
+    assert read_rows(saved)[0]["signed"] == 0
+    assert len(ForgettableMemory.load(saved)) == 12  # a valid unsigned store now
     with pytest.raises(MemoryAuthenticationError, match="not signed .* MAC was stripped"):
         ForgettableMemory.load(saved, key=KEY)
 
@@ -93,12 +100,15 @@ def test_mac_from_another_key_is_refused(tmp_path):
     assert ForgettableMemory.load(path, key=OTHER).signed
 
 
-def test_unknown_flags_are_refused(saved):
-    data = bytearray(saved.read_bytes())
+def test_unknown_flags_are_refused(tmp_path):
+    """Flags exist in the single files only (a store database has no flags word)."""
+    path = tmp_path / "v2.svtk"
+    data = bytearray((DATA / "memory_v2.svtk").read_bytes())
+    assert HEADER.unpack_from(data, 0)[1:3] == (2, 0)  # version 2, no flags
     struct.pack_into("<I", data, 12, 0x3)
-    saved.write_bytes(recompute_checksum(bytes(data[:-32])))
+    path.write_bytes(recompute_checksum(bytes(data[:-32])))
     with pytest.raises(MemoryFileError, match="unknown flags 0x3"):
-        ForgettableMemory.load(saved)
+        ForgettableMemory.load(path)
 
 
 @pytest.mark.parametrize("key, exc, match", [
@@ -125,10 +135,13 @@ def test_mac_comparisons_are_constant_time(saved, monkeypatch):
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
     ForgettableMemory.load(saved, key=KEY)
-    assert calls == [(bytes, bytes)]
+    assert calls == [(str, str)]  # the database's seal (hex)
     receipt = ForgettableMemory.load(saved, key=KEY).forget("k1")
     assert verify_receipt(receipt, KEY)
     assert calls[-1] == (str, str) and len(calls) == 3
+    calls.clear()
+    ForgettableMemory.load(DATA / "memory_v2_signed.svtk", key=V2_KEY)
+    assert calls == [(bytes, bytes)]  # a single file's MAC (raw bytes)
 
 
 # ------------------------------------------------------------------ receipts
