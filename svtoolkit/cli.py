@@ -56,8 +56,8 @@ What the memory guarantees, and the scope of each guarantee:
            exceeds the budget, nothing more is evicted and the store grows past the budget
            (with a warning).
 
-  files    A store is one SQLite database. A change is one transaction that writes what
-           changed (the record's row, the solver's changed blocks, the seal): a crash
+  files    A store is one SQLite database. A change is one atomic transaction that writes
+           what changed (the record's row, the solver's changed blocks, the seal): a crash
            leaves the old state or the new one (the rollback journal restores it), and a
            forgotten key and value are overwritten (secure_delete) and in no file once the
            forget is committed. A single file of an earlier version loads and is converted
@@ -69,10 +69,11 @@ What the memory guarantees, and the scope of each guarantee:
            whose MAC verified, from the maintained gradients unless --verify full). The
            unkeyed seal detects damage, not deliberate tampering: it is not a signature,
            so someone who can write the file can recompute it, and the stored digest too.
-           The state digest covers the configuration (C, sigma, budget, min_similarity, key
-           dimension), the held records and the coefficients, and not the tombstones, the
-           metadata or the counters; keep receipts' digests elsewhere (or sign the store)
-           to detect a forged state. Values are JSON; nothing is unpickled.
+           The state digest covers the configuration (C, sigma, budget, min_similarity,
+           key dimension), the held records and the coefficients, and not
+           the tombstones, the metadata or the counters; keep receipts' digests elsewhere
+           (or sign the store) to detect a forged state. Values are JSON; nothing is
+           unpickled.
 
   signing  With a key (--key-file PATH, or the environment variable SVTOOLKIT_MEMORY_KEY;
            the key is the text with surrounding whitespace removed, at least 16 bytes),

@@ -103,8 +103,6 @@ def test_a_save_removes_what_crashed_saves_left(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.svtk"]
 
 
-@pytest.mark.xfail(strict=True, reason="a save to the bound store database (a transaction, "
-                                       "write_changes) does not remove stale temporary files")
 def test_a_save_of_the_changes_removes_what_crashed_saves_left(tmp_path):
     path = tmp_path / "m.svtk"
     two_record_memory().save(path)

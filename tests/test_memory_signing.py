@@ -85,11 +85,32 @@ def test_flipped_byte_with_recomputed_checksum_is_refused(saved):
 
 
 def test_stripped_mac_is_refused(saved):
-    edit_store(saved, sql=[("UPDATE meta SET value = 0 WHERE name = 'signed'", ())])
+    edit_store(saved, sql=[("UPDATE meta SET value = 0 WHERE name = 'signed'", ()),
+                           ("UPDATE meta SET value = '' WHERE name = 'mac'", ())])
     assert read_rows(saved)[0]["signed"] == 0
     assert len(ForgettableMemory.load(saved)) == 12  # a valid unsigned store now
     with pytest.raises(MemoryAuthenticationError, match="not signed .* MAC was stripped"):
         ForgettableMemory.load(saved, key=KEY)
+
+
+@pytest.mark.parametrize("signed, mac, message", [
+    (0, None, "'signed' is 0 but it holds a MAC"),  # the mark cleared, the MAC left
+    (7, None, "meta row 'signed' is 7, not 0 or 1"),
+    (1, "", "'signed' is 1 but it holds no MAC"),
+])
+def test_a_signed_mark_that_disagrees_is_refused(saved, signed, mac, message):
+    sql = [("UPDATE meta SET value = ? WHERE name = 'signed'", (signed,))]
+    if mac is not None:
+        sql.append(("UPDATE meta SET value = ? WHERE name = 'mac'", (mac,)))
+    edit_store(saved, sql=sql)
+    with pytest.raises(MemoryFileError, match=message):
+        ForgettableMemory.load(saved)
+
+
+def test_a_signed_store_loaded_without_its_key_is_still_checked_for_damage(saved):
+    edit_store(saved, header=lambda h: {**h, "revision": h["revision"] + 1}, reseal=False)
+    with pytest.raises(MemoryFileError, match="seal mismatch"):
+        ForgettableMemory.load(saved)
 
 
 def test_mac_from_another_key_is_refused(tmp_path):

@@ -207,7 +207,7 @@ def _slot_root(slot_hashes):
 
 
 def _tomb_row(seq, record_id, reason, when):
-    return json.dumps([seq, record_id, reason, when], ensure_ascii=False, allow_nan=False,
+    return json.dumps([seq, record_id, reason, when], ensure_ascii=False, allow_nan=True,
                       separators=(",", ":")).encode("utf-8", "surrogatepass")
 
 
