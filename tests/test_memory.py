@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import sqlite3
 import stat
 import struct
 import subprocess
@@ -15,11 +17,14 @@ import sys
 import textwrap
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+from _store_edit import edit_store
 
 import svtoolkit.memory._atomic as atomic_module
+import svtoolkit.memory._database as database_module
 import svtoolkit.memory._table as table_module
 from svtoolkit import IncrementalSVDD, SolverFailure
 from svtoolkit.memory import (
@@ -35,8 +40,11 @@ from svtoolkit.memory import (
     MemoryFileError,
 )
 
-#: Fixed header of a version-2 file: magic, format version, flags, header length.
+#: Fixed header of a version-2 single file: magic, format version, flags, header length.
 HEADER = "<8sIIQ"
+LEGACY_VERSION = 2
+#: The version-2 fixture files (tests/data/make_memory_v2.py).
+DATA = Path(__file__).parent / "data"
 #: Tolerances: exact path vs a fresh solve (decision function) and the KKT residual.
 FRESH_TOL = 1e-9
 KKT_OK = 1e-9
@@ -527,24 +535,42 @@ def test_empty_memory_round_trip(tmp_path):
     assert again.query([0.5, 0.5])[0].value == "b"
 
 
-def _rewrite(path, mutate):
-    """Apply ``mutate`` to the header dict and/or arrays of a saved file; recompute checksum."""
-    data = path.read_bytes()
-    _, _, flags, hlen = struct.unpack_from(HEADER, data, 0)
-    assert flags == 0  # an unsigned file
+# A store database is tampered with as whoever can write the file would: rows changed through
+# SQLite, the unkeyed seal recomputed (edit_store; reseal=False leaves the seal as it was). The
+# single files of version 2 (still read, converted at the next save) are tampered with through
+# their bytes, the trailing sha256 recomputed: tests/data/memory_v2.svtk, written by the code
+# that wrote that format.
+def _legacy_parts(data):
+    """(header dict, array bytes) of an unsigned version-2 file."""
+    _, version, flags, hlen = struct.unpack_from(HEADER, data, 0)
+    assert (version, flags) == (LEGACY_VERSION, 0)  # an unsigned version-2 file
     start = struct.calcsize(HEADER)
-    header = json.loads(data[start:start + hlen])
-    blob = bytearray(data[start + hlen:-32])
+    return json.loads(data[start:start + hlen]), bytearray(data[start + hlen:-32])
+
+
+def _legacy_file(text, blob):
+    body = struct.pack(HEADER, b"SVTKMEM\x00", LEGACY_VERSION, 0, len(text)) + text + bytes(blob)
+    return body + hashlib.sha256(body).digest()
+
+
+def _rewrite_legacy(path, mutate):
+    """Apply ``mutate`` to the header dict and/or arrays of a version-2 file; recompute the
+    checksum."""
+    header, blob = _legacy_parts(path.read_bytes())
     mutate(header, blob)
-    text = json.dumps(header).encode()
-    body = struct.pack(HEADER, b"SVTKMEM\x00", FORMAT_VERSION, 0, len(text)) + text + \
-        bytes(blob)
-    path.write_bytes(body + hashlib.sha256(body).digest())
+    path.write_bytes(_legacy_file(json.dumps(header).encode(), blob))
 
 
-def _alpha_offset(header, index):
-    spec = next(a for a in header["arrays"] if a["name"] == "alpha")
-    return spec["offset"] + 8 * index
+def _write_raw_legacy_header(path, text):
+    """Replace the header of a version-2 file by raw bytes ``text``; recompute the checksum."""
+    _, blob = _legacy_parts(path.read_bytes())
+    path.write_bytes(_legacy_file(text, blob))
+
+
+def _array_offset(header, name, index):
+    """Byte offset of element ``index`` of array ``name`` in a version-2 file's array bytes."""
+    spec = next(a for a in header["arrays"] if a["name"] == name)
+    return spec["offset"] + np.dtype(spec["dtype"]).itemsize * index
 
 
 @pytest.fixture
@@ -555,19 +581,104 @@ def saved(tmp_path):
     return path
 
 
+@pytest.fixture
+def legacy(tmp_path):
+    """A copy of the unsigned version-2 fixture file."""
+    path = tmp_path / "v2.svtk"
+    shutil.copyfile(DATA / "memory_v2.svtk", path)
+    return path
+
+
+def _state(mem):
+    """Everything a load restores: records (the digest), tombstones, counters, configuration,
+    metadata, the rolling audit's cursor and the receipt chain."""
+    return (mem.state_digest(), mem.record_ids, dict(mem.tombstones), mem.metadata,
+            mem.revision, mem._next_auto, mem.budget, mem.min_similarity, mem._nu, mem._n0,
+            mem._rolling.cursor(), mem._receipt_chain)
+
+
+def _refused_or_unchanged(path, expected):
+    """Load ``path``: a MemoryFileError, or a memory whose state is ``expected``. Returns
+    whether it was refused."""
+    try:
+        loaded = ForgettableMemory.load(path)
+    except MemoryFileError:
+        return True
+    assert _state(loaded) == expected
+    return False
+
+
+def _flip_at(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _offset_of(path, needle):
+    data = path.read_bytes()
+    assert data.count(needle) == 1, needle
+    return data.index(needle)
+
+
 def test_damaged_file_is_refused(saved):
-    data = bytearray(saved.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    saved.write_bytes(bytes(data))
-    with pytest.raises(MemoryFileError, match="checksum mismatch"):
-        ForgettableMemory.load(saved)
+    """A flipped byte in what the store holds is refused.
+
+    A version-2 file was refused whatever byte flipped (its sha256 covered every byte). A store
+    database is SQLite pages, part of which no reader reads (the unallocated space of a page,
+    zeroed by secure_delete, and its slack): a byte flipped there changes nothing, so "a flip
+    anywhere is refused" is no longer the property. What is: a flip in a record's value or key
+    (the state digest), in the header (the seal) or in SQLite's page structure is refused, and
+    a flip anywhere is refused or changes nothing (the next test).
+    """
+    mem = ForgettableMemory.load(saved)
+    assert mem.get("k17") == {"i": 17} and mem.revision == 30
+    value = _offset_of(saved, b'{"i":17}') + len(b'{"i":1')  # its 7 -> 6: canonical still
+    key = _offset_of(saved, mem.key("k5").tobytes())  # lowest mantissa bit: the KKT checks pass
+    header = _offset_of(saved, b'"revision":30') + len(b'"revision":')  # 30 -> 20
+    previous = saved.read_bytes()
+    for offset, match in [(value, "state digest mismatch"), (key, "state digest mismatch"),
+                          (header, "seal mismatch"),
+                          (16, r"not a readable store database \(file is not a database\)"),
+                          (100, "not a readable store database")]:  # page size; page 1's type
+        _flip_at(saved, offset)
+        with pytest.raises(MemoryFileError, match=match):
+            ForgettableMemory.load(saved)
+        saved.write_bytes(previous)
+    assert ForgettableMemory.load(saved).state_digest() == mem.state_digest()
+
+
+def test_no_flipped_byte_changes_a_loaded_state(tmp_path):
+    """Wherever a byte flips (a sample of positions, records and tombstones included), the
+    store is refused or loads the state saved, never another one."""
+    mem, _ = gaussian_memory(seed=9, n=30)
+    mem.forget("k3")
+    mem.evict_reserve(1)
+    path = tmp_path / "m.svtk"
+    mem.save(path)
+    expected = _state(mem)
+    data = path.read_bytes()
+    damaged = tmp_path / "damaged.svtk"
+    refused = 0
+    for offset in np.random.default_rng(11).choice(len(data), size=600, replace=False):
+        for stale in (damaged, tmp_path / "damaged.svtk-journal"):
+            stale.unlink(missing_ok=True)
+        flipped = bytearray(data)
+        flipped[offset] ^= 0x01
+        damaged.write_bytes(bytes(flipped))
+        refused += _refused_or_unchanged(damaged, expected)
+    assert 0 < refused < 600  # both kinds of bytes were drawn
 
 
 def test_truncated_and_foreign_files_are_refused(saved, tmp_path):
     data = saved.read_bytes()
-    saved.write_bytes(data[: len(data) - 100])
-    with pytest.raises(MemoryFileError, match="checksum mismatch"):
-        ForgettableMemory.load(saved)
+    expected = _state(ForgettableMemory.load(saved))
+    for size in (len(data) - 4096, len(data) // 2, 4096, 50):  # the last page dropped, ...
+        saved.write_bytes(data[:size])
+        with pytest.raises(MemoryFileError, match="not a readable store database"):
+            ForgettableMemory.load(saved)
+    for size in range(0, len(data), 256):  # a cut in a page's unused tail changes nothing
+        saved.write_bytes(data[:size])
+        _refused_or_unchanged(saved, expected)
     other = tmp_path / "other"
     other.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
     with pytest.raises(MemoryFileError, match="not an svtoolkit memory file"):
@@ -575,74 +686,185 @@ def test_truncated_and_foreign_files_are_refused(saved, tmp_path):
     other.write_bytes(b"SVTK")
     with pytest.raises(MemoryFileError, match="too short"):
         ForgettableMemory.load(other)
-
-
-def test_other_format_version_is_refused(saved):
-    data = bytearray(saved.read_bytes())
-    struct.pack_into("<I", data, 8, FORMAT_VERSION + 1)
-    saved.write_bytes(bytes(data))
-    with pytest.raises(MemoryFileError, match=f"unsupported format version {FORMAT_VERSION + 1}"):
+    other.unlink()
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE meta(name TEXT PRIMARY KEY, value BLOB)")
+    con.commit()
+    con.close()
+    with pytest.raises(MemoryFileError, match="an SQLite database, but not an svtoolkit "
+                                              "memory store"):
+        ForgettableMemory.load(other)
+    saved.write_bytes(data)
+    _set_pragma(saved, "application_id", 0x12345678)
+    with pytest.raises(MemoryFileError, match="an SQLite database, but not an svtoolkit "
+                                              "memory store"):
         ForgettableMemory.load(saved)
 
 
-def _array_offset(header, name, index):
-    spec = next(a for a in header["arrays"] if a["name"] == name)
-    return spec["offset"] + np.dtype(spec["dtype"]).itemsize * index
+def _set_pragma(path, name, value):
+    con = sqlite3.connect(path)
+    try:
+        con.execute(f"PRAGMA {name} = {int(value)}")
+        con.commit()
+    finally:
+        con.close()
+
+
+def test_other_format_version_is_refused(saved, legacy):
+    _set_pragma(saved, "user_version", FORMAT_VERSION + 1)
+    with pytest.raises(MemoryFileError, match=f"unsupported store database version "
+                                              f"{FORMAT_VERSION + 1}"):
+        ForgettableMemory.load(saved)
+    _set_pragma(saved, "user_version", FORMAT_VERSION)
+    ForgettableMemory.load(saved)
+    edit_store(saved, header=lambda h: {**h, "format_version": FORMAT_VERSION + 1})
+    with pytest.raises(MemoryFileError, match=f"header does not describe a "
+                                              f"version-{FORMAT_VERSION} store"):
+        ForgettableMemory.load(saved)
+    data = bytearray(legacy.read_bytes())
+    struct.pack_into("<I", data, 8, FORMAT_VERSION + 1)  # a single file of no known version
+    legacy.write_bytes(bytes(data))
+    with pytest.raises(MemoryFileError, match=f"unsupported format version {FORMAT_VERSION + 1}"):
+        ForgettableMemory.load(legacy)
 
 
 def _margin_slots(path):
-    solver = ForgettableMemory.load(path)._solver.state_dict()
-    return solver["S"], solver["Xt"].shape
+    return ForgettableMemory.load(path)._solver.state_dict()["S"]
 
 
 def test_tampered_coefficient_off_its_partition_is_refused_structurally(saved):
-    def bump(header, blob):
-        i = _alpha_offset(header, 0)
-        a = struct.unpack_from("<d", blob, i)[0]
-        struct.pack_into("<d", blob, i, a + 1e-3)
+    def bump(arrays):
+        arrays["alpha"][0] += 1e-3
 
-    _rewrite(saved, bump)
+    edit_store(saved, arrays=bump)
     with pytest.raises(MemoryFileError, match="inconsistent solver state: .*coefficients"):
         ForgettableMemory.load(saved)
 
 
 def test_tampered_coefficients_that_keep_the_structure_fail_the_kkt_check(saved):
     """Mass moved between two margin coefficients: sum and box intact, optimality not."""
-    S, _ = _margin_slots(saved)
+    S = _margin_slots(saved)
     assert len(S) >= 2
 
-    def shift(header, blob):
-        for slot, delta in ((S[0], 1e-4), (S[1], -1e-4)):
-            i = _array_offset(header, "alpha", int(slot))
-            struct.pack_into("<d", blob, i, struct.unpack_from("<d", blob, i)[0] + delta)
+    def shift(arrays):
+        arrays["alpha"][S[0]] += 1e-4
+        arrays["alpha"][S[1]] -= 1e-4
 
-    _rewrite(saved, shift)
+    edit_store(saved, arrays=shift)
     with pytest.raises(MemoryFileError, match="kkt residual .* exceeds"):
         ForgettableMemory.load(saved)
     assert KKT_TOL < 1e-4
 
 
-@pytest.mark.parametrize("name, figure", [("grad", "grad drift"),
-                                          ("R", "inverse residual"),
-                                          ("KSt", "margin rows drift")])
-def test_tampered_solver_arrays_are_refused(saved, name, figure):
+@pytest.mark.parametrize("name, figure, store", [("grad", "grad drift", "saved"),
+                                                 ("R", "inverse residual", "saved"),
+                                                 # a database stores no margin rows
+                                                 ("KSt", "margin rows drift", "legacy")])
+def test_tampered_solver_arrays_are_refused(request, name, figure, store):
     """The arrays later deletions build on: a wrong one would make them inexact."""
-    def nudge(header, blob):
-        i = _array_offset(header, name, 1)
-        struct.pack_into("<d", blob, i, struct.unpack_from("<d", blob, i)[0] + 1e-3)
+    path = request.getfixturevalue(store)
+    if store == "saved":
+        def nudge(arrays):
+            arrays[name].reshape(-1)[1] += 1e-3
 
-    _rewrite(saved, nudge)
+        edit_store(path, arrays=nudge)
+    else:
+        def nudge(header, blob):
+            i = _array_offset(header, name, 1)
+            struct.pack_into("<d", blob, i, struct.unpack_from("<d", blob, i)[0] + 1e-3)
+
+        _rewrite_legacy(path, nudge)
     with pytest.raises(MemoryFileError, match=f"{figure} .* exceeds"):
-        ForgettableMemory.load(saved)
-    ForgettableMemory.load(saved, check_kkt=False)  # structurally sound: only the numbers lie
+        ForgettableMemory.load(path)
+    ForgettableMemory.load(path, check_kkt=False)  # structurally sound: only the numbers lie
+
+
+def test_margin_rows_are_recomputed_bit_for_bit_at_load(tmp_path):
+    """What replaces the stored margin kernel rows (and margin positions): a load recomputes
+    them with the bits of the saved memory's maintained ones, after full and incremental
+    saves."""
+    mem, X = gaussian_memory(seed=8, n=50, budget=40)
+    mem.forget(mem.record_ids[3])
+    mem.edit(mem.record_ids[4], key=X[4] + 0.3)
+    path = tmp_path / "m.svtk"
+    mem.save(path)
+    for step in range(3):
+        loaded = ForgettableMemory.load(path)
+        want, got = mem._solver.state_dict(), loaded._solver.state_dict()
+        assert want["KSt"].shape[0] >= 2  # margin rows to compare
+        for name in ("KSt", "spos"):
+            assert np.array_equal(got[name], want[name]), (step, name)
+        loaded.forget(loaded.record_ids[step])
+        loaded.add(X[step] + 0.7, "new", record_id=f"n{step}")
+        loaded.save(path)  # written as a change of the database
+        mem = loaded
 
 
 def test_tampered_value_is_refused_by_the_digest(saved):
-    def edit_value(header, blob):
-        header["records"][0][2] = json.dumps("forged")
-
-    _rewrite(saved, edit_value)
+    edit_store(saved, sql=[("UPDATE records SET value = ? WHERE sid = "
+                            "(SELECT MIN(sid) FROM records)", (json.dumps("forged"),))])
     with pytest.raises(MemoryFileError, match="state digest mismatch"):
+        ForgettableMemory.load(saved)
+
+
+def _header_edit(edit):
+    """A store edit: ``edit`` (dict -> dict) applied to the header, the seal recomputed."""
+    return lambda path: edit_store(path, header=edit)
+
+
+def _sql_edit(statement, params=(), header=None, reseal=True):
+    return lambda path: edit_store(path, sql=[(statement, params)], header=header,
+                                   reseal=reseal)
+
+
+def _tombstone(record_id, reason, when):
+    """A store edit: a tombstone row appended (the next sequence number), counted in the
+    header, the seal recomputed."""
+    return _sql_edit("INSERT INTO tombstones VALUES ((SELECT COALESCE(MAX(seq), -1) + 1 FROM "
+                     "tombstones), ?, ?, ?)", (record_id, reason, when),
+                     header=lambda h: {**h, "n_tombstones": h["n_tombstones"] + 1})
+
+
+_LAST_RECORD = "(SELECT MAX(sid) FROM records)"
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_header_edit(lambda h: {**h, "arrays": {**h["arrays"], "R": [n + 1 for n in h["arrays"]
+                                                                  ["R"]]}}), "does not fit"),
+    (_header_edit(lambda h: {k: v for k, v in h.items() if k != "config"}),
+     "malformed contents"),
+    (_sql_edit(f"DELETE FROM records WHERE sid = {_LAST_RECORD}",
+               header=lambda h: {**h, "n_records": h["n_records"] - 1}),
+     "record table does not match"),
+    (_sql_edit(f"DELETE FROM records WHERE sid = {_LAST_RECORD}"),
+     "record or tombstone count disagrees with its header"),
+    (_sql_edit(f"UPDATE records SET sid = 1000000 WHERE sid = {_LAST_RECORD}"),
+     "record table does not match"),
+    (_sql_edit(f"UPDATE records SET key = substr(key, 1, 16) WHERE sid = {_LAST_RECORD}"),
+     "record table does not match"),
+    (_sql_edit(f"UPDATE records SET value = '{{not json' WHERE sid = {_LAST_RECORD}"),
+     "malformed contents"),
+    (_tombstone("x", "stolen", 0.0), "unknown tombstone"),
+    (_tombstone("k0", "forgotten", 0.0), "both held and tombstoned"),
+    (_header_edit(lambda h: {**h, "config": {**h["config"], "C": 123.0}}),
+     "configuration disagrees"),
+    (_tombstone("x", "forgotten", 1e300), "tombstone of 'x' has time 1e\\+300"),
+    (_tombstone("x", "forgotten", -1.0), "has time -1.0"),
+    (_tombstone("x", "forgotten", "five"), "has time 'five'"),
+    (_header_edit(lambda h: {**h, "next_auto": -3}), "next_auto must be an integer >= 0; got -3"),
+    (_header_edit(lambda h: {**h, "revision": -5}), "revision must be an integer >= 0; got -5"),
+    (_header_edit(lambda h: {**h, "revision": 2.5}),
+     "revision must be an integer >= 0; got 2.5"),
+    (_header_edit(lambda h: {**h, "metadata_json": '{"a": "\\ud800"}'}), "malformed contents"),
+    (_sql_edit("DROP TABLE tombstones", reseal=False), "lacks the tables \\['tombstones'\\]"),
+    (_sql_edit("DELETE FROM meta WHERE name = 'array:fs'", reseal=False),
+     "meta row 'array:fs' is missing"),
+    (_sql_edit("DELETE FROM slots WHERE name = 'grad'"), "slot array 'grad' holds 0 entries"),
+    (_sql_edit("INSERT INTO slots VALUES ('grad', 7, x'00')"), "slot blocks are not contiguous"),
+])
+def test_malformed_contents_are_refused(saved, edit, match):
+    edit(saved)
+    with pytest.raises(MemoryFileError, match=match):
         ForgettableMemory.load(saved)
 
 
@@ -672,32 +894,35 @@ def test_tampered_value_is_refused_by_the_digest(saved):
     (lambda h, b: h.update(revision=2.5), "revision must be an integer >= 0; got 2.5"),
     (lambda h, b: h.update(metadata_json='{"a": "\\ud800"}'), "malformed contents"),
 ])
-def test_malformed_contents_are_refused(saved, mutate, match):
-    _rewrite(saved, mutate)
+def test_malformed_legacy_contents_are_refused(legacy, mutate, match):
+    """The version-2 reader's refusals (dtypes, offsets, tombstone lists and triples are its
+    own: a database's columns fix them)."""
+    ForgettableMemory.load(legacy)  # the fixture itself loads
+    _rewrite_legacy(legacy, mutate)
     with pytest.raises(MemoryFileError, match=match):
-        ForgettableMemory.load(saved)
+        ForgettableMemory.load(legacy)
 
 
-def _write_raw_header(path, text):
-    """Replace the header of a saved file by raw bytes ``text``; recompute the checksum."""
-    data = path.read_bytes()
-    _, _, _, hlen = struct.unpack_from(HEADER, data, 0)
-    start = struct.calcsize(HEADER)
-    body = struct.pack(HEADER, b"SVTKMEM\x00", FORMAT_VERSION, 0, len(text)) + text + \
-        data[start + hlen:-32]
-    path.write_bytes(body + hashlib.sha256(body).digest())
+_NOT_AN_OBJECT = [b"[]", b'"svtoolkit"', b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe"]
 
 
-@pytest.mark.parametrize("text, match", [
-    (b"[]", "header is a JSON list, not an object"),
-    (b'"svtoolkit"', "header is a JSON str, not an object"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b"\xff\xfe", "header is not valid UTF-8 JSON"),
-])
+@pytest.mark.parametrize("text, match", list(zip(_NOT_AN_OBJECT, [
+    f"header does not describe a version-{FORMAT_VERSION} store",
+    f"header does not describe a version-{FORMAT_VERSION} store",
+    "nested too deeply", "header is not valid UTF-8 JSON"])))
 def test_header_that_is_not_an_object_is_refused(saved, text, match):
-    _write_raw_header(saved, text)
+    edit_store(saved, header_text=text)
     with pytest.raises(MemoryFileError, match=match):
         ForgettableMemory.load(saved)
+
+
+@pytest.mark.parametrize("text, match", list(zip(_NOT_AN_OBJECT, [
+    "header is a JSON list, not an object", "header is a JSON str, not an object",
+    "nested too deeply", "header is not valid UTF-8 JSON"])))
+def test_legacy_header_that_is_not_an_object_is_refused(legacy, text, match):
+    _write_raw_legacy_header(legacy, text)
+    with pytest.raises(MemoryFileError, match=match):
+        ForgettableMemory.load(legacy)
 
 
 def test_a_file_saved_with_tombstones_still_loads(saved):
@@ -709,49 +934,135 @@ def test_a_file_saved_with_tombstones_still_loads(saved):
     assert loaded.tombstones == mem.tombstones and len(loaded.tombstones) == 2
 
 
-def test_crash_during_save_keeps_the_previous_file(saved, monkeypatch):
-    previous = saved.read_bytes()
-    mem = ForgettableMemory.load(saved)
-    mem.forget("k0")
+def _full_write_case(kind, saved, tmp_path):
+    """(memory with a change, target, the record the change removed): a save of the memory
+    to the target writes a whole new database (temporary file, rename). The target holds a
+    copy of ``saved`` (the memory is bound to ``saved``, not to it) or a version-2 file (the
+    save converts it); it is alone in its directory."""
+    target = tmp_path / "full" / f"{kind}.svtk"
+    target.parent.mkdir()
+    if kind == "database":
+        shutil.copyfile(saved, target)
+        mem, gone = ForgettableMemory.load(saved), "k0"
+    else:
+        shutil.copyfile(DATA / "memory_v2.svtk", target)
+        mem, gone = ForgettableMemory.load(target), "k4"
+    mem.forget(gone)
+    return mem, target, gone
+
+
+@pytest.mark.parametrize("kind", ["database", "legacy"])
+def test_crash_during_save_keeps_the_previous_file(saved, tmp_path, monkeypatch, kind):
+    mem, target, gone = _full_write_case(kind, saved, tmp_path)
+    previous = target.read_bytes()
     calls = {"n": 0}
     real = atomic_module._write_chunk
 
-    def failing(fh, chunk, hasher):
+    def failing(fh, chunk):
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError("simulated crash: disk full")
-        real(fh, chunk, hasher)
+        real(fh, chunk)
 
     monkeypatch.setattr(atomic_module, "_write_chunk", failing)
     with pytest.raises(OSError, match="simulated crash"):
-        mem.save(saved)
-    assert saved.read_bytes() == previous
-    assert sorted(p.name for p in saved.parent.iterdir()) == [saved.name]  # temp removed
-    assert "k0" in ForgettableMemory.load(saved)
+        mem.save(target)
+    assert calls["n"] == 3
+    assert target.read_bytes() == previous
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # temp removed
+    assert gone in ForgettableMemory.load(target)
 
 
-def test_hard_kill_during_save_keeps_the_previous_file(saved):
-    previous = saved.read_bytes()
+@pytest.mark.parametrize("kind", ["database", "legacy"])
+def test_hard_kill_during_save_keeps_the_previous_file(saved, tmp_path, kind):
+    mem, target, gone = _full_write_case(kind, saved, tmp_path)
+    previous = target.read_bytes()
     script = textwrap.dedent(f"""
         import os
         import svtoolkit.memory as m
         import svtoolkit.memory._atomic as atomic
-        mem = m.ForgettableMemory.load({str(saved)!r})
-        mem.forget("k0")
+        mem = m.ForgettableMemory.load({str(saved if kind == "database" else target)!r})
+        mem.forget({gone!r})
         real, calls = atomic._write_chunk, [0]
-        def dying(fh, chunk, hasher):
+        def dying(fh, chunk):
             calls[0] += 1
             if calls[0] == 3:
                 fh.flush()
                 os._exit(9)  # no cleanup, no exception handlers: a crash
-            real(fh, chunk, hasher)
+            real(fh, chunk)
         atomic._write_chunk = dying
-        mem.save({str(saved)!r})
+        mem.save({str(target)!r})
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert proc.returncode == 9, proc.stderr.decode()
-    assert saved.read_bytes() == previous
-    assert "k0" in ForgettableMemory.load(saved)
+    assert target.read_bytes() == previous
+    assert gone in ForgettableMemory.load(target)
+
+
+def test_crash_during_incremental_save_keeps_the_previous_state(saved, monkeypatch):
+    """A save to the database the memory was loaded from writes one transaction: a failure in
+    it rolls back, and the change stays pending for the next save."""
+    mem = ForgettableMemory.load(saved)
+    before = (mem.record_ids, mem.state_digest())
+    mem.forget("k0")
+    real = database_module._write_slots
+
+    def failing(*args):
+        real(*args)  # the records and tombstones are written already
+        raise OSError("simulated crash: disk full")
+
+    monkeypatch.setattr(database_module, "_write_slots", failing)
+    with pytest.raises(OSError, match="simulated crash"):
+        mem.save(saved)
+    again = ForgettableMemory.load(saved)
+    assert (again.record_ids, again.state_digest()) == before
+    assert sorted(p.name for p in saved.parent.iterdir()) == [saved.name]  # no journal left
+    monkeypatch.undo()
+    mem.save(saved)
+    again = ForgettableMemory.load(saved)
+    assert "k0" not in again and again.state_digest() == mem.state_digest()
+
+
+def _kill_during_incremental_save(path):
+    """Load ``path``, forget k0 and save it back, dying (``os._exit``) in the transaction
+    after its last write, before the commit. Returns (record ids, digest) before the forget."""
+    before = ForgettableMemory.load(path)
+    script = textwrap.dedent(f"""
+        import os
+        import svtoolkit.memory as m
+        import svtoolkit.memory._database as database
+        mem = m.ForgettableMemory.load({str(path)!r})
+        mem.forget("k0")
+        real = database._write_meta
+        def dying(*args):
+            real(*args)
+            os._exit(9)  # no cleanup, no rollback: a crash before the commit
+        database._write_meta = dying
+        mem.save({str(path)!r})
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr.decode()
+    return before.record_ids, before.state_digest()
+
+
+def test_hard_kill_during_incremental_save_keeps_the_previous_state(saved):
+    before = _kill_during_incremental_save(saved)
+    again = ForgettableMemory.load(saved)
+    assert (again.record_ids, again.state_digest()) == before
+    again.forget("k0")
+    again.save(saved)  # the store is writable again; its commit deletes the journal
+    assert "k0" not in ForgettableMemory.load(saved)
+    assert sorted(p.name for p in saved.parent.iterdir()) == [saved.name]
+
+
+@pytest.mark.xfail(strict=True, reason="library: the rollback journal of a transaction killed "
+                   "before its commit (first bytes zero: not hot) stays beside the store "
+                   "through loads; it holds the pages as they were, the record being "
+                   "forgotten included")
+def test_hard_kill_during_incremental_save_leaves_no_journal_after_the_next_load(saved):
+    _kill_during_incremental_save(saved)
+    ForgettableMemory.load(saved)
+    assert sorted(p.name for p in saved.parent.iterdir()) == [saved.name]
 
 
 def test_save_replaces_atomically_and_cleans_up(saved):
@@ -763,20 +1074,28 @@ def test_save_replaces_atomically_and_cleans_up(saved):
 
 
 # ------------------------------------------------------------------ threads
-def test_concurrent_saves_never_resurrect_a_forgotten_record(tmp_path, monkeypatch):
-    """An older save still writing must not rename over a newer one (the lock is held)."""
+@pytest.mark.parametrize("write", ["new", "change"])
+def test_concurrent_saves_never_resurrect_a_forgotten_record(tmp_path, monkeypatch, write):
+    """An older save still writing must not land over a newer one (the lock is held): a save
+    that writes a new database (slow in its file writes) or a change of the one the memory is
+    bound to (slow in its transaction)."""
     mem = ForgettableMemory(sigma=1.0, C=0.5)
     mem.add([0.0, 0.0], "secret", record_id="a")
     mem.add([3.0, 0.0], "b", record_id="b")
     path = tmp_path / "m.svtk"
+    if write == "change":
+        mem.save(path)
+        mem.edit("b", value="b2")  # what the older save writes
     started, release, errors = threading.Event(), threading.Event(), []
-    real = atomic_module._write_chunk
+    module, seam = (atomic_module, "_write_chunk") if write == "new" else \
+        (database_module, "_write_slots")
+    real = getattr(module, seam)
 
-    def slow(fh, chunk, hasher):
+    def slow(*args):
         if threading.current_thread().name == "old-save" and not started.is_set():
             started.set()
             release.wait(timeout=0.5)  # the older save is slow to reach the disk
-        real(fh, chunk, hasher)
+        real(*args)
 
     def old_save():
         try:
@@ -784,7 +1103,7 @@ def test_concurrent_saves_never_resurrect_a_forgotten_record(tmp_path, monkeypat
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    monkeypatch.setattr(atomic_module, "_write_chunk", slow)
+    monkeypatch.setattr(module, seam, slow)
     old = threading.Thread(target=old_save, name="old-save")
     old.start()
     assert started.wait(timeout=30)
@@ -793,7 +1112,9 @@ def test_concurrent_saves_never_resurrect_a_forgotten_record(tmp_path, monkeypat
     release.set()
     old.join()
     assert not errors
-    assert ForgettableMemory.load(path).record_ids == mem.record_ids == ["b"]
+    loaded = ForgettableMemory.load(path)
+    assert loaded.record_ids == mem.record_ids == ["b"]
+    assert loaded.state_digest() == mem.state_digest()
 
 
 def _observe(mem, q):
