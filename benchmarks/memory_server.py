@@ -217,6 +217,12 @@ def run(n, d, n0, repeats, writes, text, goal_p99):
 GOAL_P50_MS, GOAL_P99_MS = 20.0, 100.0
 
 
+def heading(r):
+    """A configuration's section title (stable across runs: documents embed its table)."""
+    n0 = "n" if r["n0"] == r["n"] else f"{r['n0']:,}"
+    return f"n = {r['n']:,}, d = {r['d']}, n0 = {n0}"
+
+
 def table(payload):
     machine = payload["machine"]
     lines = ["# Memory server: add, forget and queries over HTTP", "",
@@ -226,9 +232,10 @@ def table(payload):
              f"{GOAL_P50_MS:g} ms, and at 10^5 records p99 <= {GOAL_P99_MS:g} ms.", ""]
     for r in payload["results"]:
         support = r["partition"]["margin"] + r["partition"]["error"]
-        lines += [f"## n = {r['n']:,}, d = {r['d']} (intrinsic {r['intrinsic_d']}), "
-                  f"n0 = {r['n0']:,} ({support:,} support records)", "",
-                  f"Server start (load + verify{' + encoder' if r['text_encoder'] else ''}): "
+        lines += [f"## {heading(r)}", "",
+                  f"Keys of intrinsic dimension {r['intrinsic_d']}; {support:,} support "
+                  f"records. Server start (load + verify"
+                  f"{' + encoder' if r['text_encoder'] else ''}): "
                   f"{r['server_start_seconds']:.1f} s; file {r['file_bytes'] / 1e6:.1f} MB; "
                   f"store built in {r['build_seconds']:.1f} s.", "",
                   "| request | p50 (ms) | p99 (ms) | min (ms) | max (ms) | count | "
