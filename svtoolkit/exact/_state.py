@@ -16,7 +16,7 @@ import numpy as np
 from . import _walk as W
 
 __all__ = ["export_state", "restore_state", "check_state", "state_int", "state_ints",
-           "steering_fields", "derived_arrays", "unshifted_inverse", "shifted_inverse",
+           "steering_fields", "margin_positions", "fill_kernel_rows", "unshifted_inverse", "shifted_inverse",
            "STATE_FORMAT", "STATE_SUM_TOL", "INT64_MAX"]
 
 
@@ -94,7 +94,7 @@ def state_floats(state, key, shape):
         raise ValueError(f"state[{key!r}] has shape {arr.shape}, expected {shape}")
     if arr.dtype.kind not in "fiu":
         raise ValueError(f"state[{key!r}] must hold real numbers; got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
+    arr = arr.astype(np.float64, copy=False)
     if not np.isfinite(arr).all():
         raise ValueError(f"state[{key!r}] contains NaN or inf")
     return arr
@@ -110,8 +110,10 @@ def check_state(state, n, m, d, solver):
     its positions, ``sum(a) = 1``, and the derived constants against C and sigma. Optimality
     itself is :meth:`IncrementalSVDD.consistency`'s job (O(n |support| d)).
     """
-    for key, shape in {"Xt": (d, n), "alpha": (n,), "grad": (n,), "KSt": (m, n),
-                       "R": (m + 1, m + 1)}.items():
+    shapes = {"Xt": (d, n), "alpha": (n,), "grad": (n,), "R": (m + 1, m + 1)}
+    if "KSt" in state:  # a compact state's rows are computed, not read
+        shapes["KSt"] = (m, n)
+    for key, shape in shapes.items():
         state_floats(state, key, shape)
     ids = state_ints(state, "ids", (n,))
     status = state_ints(state, "status", (n,))
@@ -188,27 +190,28 @@ def export_state(solver, compact=False):
     return state
 
 
-def derived_arrays(state, n, m):
-    """``KSt`` and ``spos`` of a compact state (:func:`export_state`), from its keys.
+def margin_positions(state, n, m):
+    """``spos`` of a compact state (:func:`export_state`): ``spos[S[p]] = p``, else -1."""
+    S = state_ints(state, "S", (m,))
+    if m and not ((S >= 0) & (S < n)).all():
+        raise ValueError("state's margin list is outside [0, n)")
+    spos = np.full(n, -1, dtype=np.int64)
+    spos[S] = np.arange(m)
+    return spos
+
+
+def fill_kernel_rows(solver):
+    """The margin kernel rows of a solver restored from a compact state, from its keys.
 
     ``KSt[p] = K'(x_{S[p]}, .)`` by :func:`_walk.kernel_column`, the function that fills
     every row the walk keeps (its entries are symmetric to the bit: the squared differences
-    are summed coordinate by coordinate in the same order either way), and ``spos[S[p]] = p``.
+    are summed coordinate by coordinate in the same order either way), so the rows are the
+    ones the exported solver held. Cost ``m n d``.
     """
-    Xt = np.ascontiguousarray(state_floats(state, "Xt", (state_int(state, "d", 1, INT64_MAX),
-                                                         n)))
-    S = state_ints(state, "S", (m,))
-    ist = state_ints(state, "ist", (W.IST_SIZE,))
-    fs = np.asarray(state["fs"], dtype=np.float64)
-    anchor = int(ist[W._ANCHOR])
-    if not -1 <= anchor < n or (m and not ((S >= 0) & (S < n)).all()):
-        raise ValueError("state's anchor or margin list is outside [0, n)")
-    KSt = np.empty((m, n))
+    n, m = solver._n, solver._m
+    anchor, inv_sigma2 = int(solver._ist[W._ANCHOR]), solver._fs[W._INV_SIGMA2]
     for p in range(m):
-        W.kernel_column(Xt, n, int(S[p]), anchor, fs[W._INV_SIGMA2], KSt[p])
-    spos = np.full(n, -1, dtype=np.int64)
-    spos[S] = np.arange(m)
-    return KSt, spos
+        W.kernel_column(solver._Xt, n, int(solver._S[p]), anchor, inv_sigma2, solver._KSt[p])
 
 
 def restore_state(solver_class, state):
@@ -245,9 +248,9 @@ def restore_state(solver_class, state):
             solver._allocate(d=d, cap=16, mcap=mcap)
             solver._ist[:] = ist
         return solver
-    if "KSt" not in state:
-        state = dict(state)
-        state["KSt"], state["spos"] = derived_arrays(state, n, m)
+    compact = "KSt" not in state
+    if compact:
+        state = {**state, "spos": margin_positions(state, n, m)}
     check_state(state, n, m, d, solver)
     solver._d = d
     solver._allocate(d=d, cap=max(16, n + 1), mcap=mcap)
@@ -258,7 +261,8 @@ def restore_state(solver_class, state):
     solver._status[:n] = state["status"]
     solver._spos[:n] = state["spos"]
     solver._S[:m] = state["S"]
-    solver._KSt[:m, :n] = state["KSt"]
+    if not compact:
+        solver._KSt[:m, :n] = state["KSt"]
     solver._R[: m + 1, : m + 1] = state["R"]
     solver._fs[:] = state["fs"]
     if version == 1:  # unshifted kernel: K' = K - 1, R' = T R, rho' = rho + 1
@@ -272,4 +276,6 @@ def restore_state(solver_class, state):
     if len(np.unique(real)) != len(real) or (len(real) and real.max() >= solver._next_id):
         raise ValueError("state ids are duplicated or not below next_id")
     solver._slot_of = {int(i): slot for slot, i in enumerate(ids) if i >= 0}
+    if compact:
+        fill_kernel_rows(solver)
     return solver
