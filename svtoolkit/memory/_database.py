@@ -376,38 +376,39 @@ def write_changes(binding, header, arrays, rows, tombstones, changed_sids, chang
     Parameters
     ----------
     binding : Binding
-        Left unchanged; the caller replaces it by the returned one.
+        Updated in place to the written state (its cost is the change's, not the store's);
+        after a failure it no longer describes the file and must be dropped (the next save
+        then writes a new database).
     header, arrays, key
         As :func:`write_new`.
     rows : callable
         ``sid -> (record_id, key, value_text)`` or None when the slot holds no record.
     tombstones : dict
         The memory's tombstones (record_id -> (reason, time)).
-    changed_sids, changed_tombs : set
-        Slots and tombstoned ids that may differ from what the database holds.
+    changed_sids : set
+        Slots whose records may differ from what the database holds.
+    changed_tombs : dict
+        Record ids whose tombstone may differ (keys, in the order of their last change: new
+        tombstones are written in that order, the order of ``tombstones``).
 
     Returns
     -------
     Binding or None
-        The written state; None (nothing written) when the file no longer holds the state
-        of ``binding`` (the caller then writes a new database).
+        ``binding``, now the written state; None (nothing written) when the file no longer
+        holds the state of ``binding`` (the caller then writes a new database).
 
     Raises
     ------
     StoreOwnedError, OSError
         Nothing changed (the transaction rolled back).
     """
-    new = Binding(binding.path, binding.store_id, "", dict(binding.slots),
-                  {k: list(v) for k, v in binding.slot_hashes.items()},
-                  dict(binding.tomb_seq), dict(binding.tomb_rows), dict(binding.tomb_hashes),
-                  binding.next_seq)
     try:
         con = _configure(sqlite3.connect(binding.path, isolation_level=None,
                                          timeout=BUSY_TIMEOUT_S))
     except sqlite3.Error:
         return None
     try:
-        return _apply(con, binding, new, header, arrays, rows, tombstones, changed_sids,
+        return _apply(con, binding, header, arrays, rows, tombstones, changed_sids,
                       changed_tombs, key)
     except sqlite3.Error as exc:
         raise OSError(f"{binding.path}: the store database could not be written ({exc}); "
@@ -416,14 +417,13 @@ def write_changes(binding, header, arrays, rows, tombstones, changed_sids, chang
         con.close()
 
 
-def _apply(con, binding, new, header, arrays, rows, tombstones, changed_sids, changed_tombs,
-           key):
+def _apply(con, new, header, arrays, rows, tombstones, changed_sids, changed_tombs, key):
     """The transaction of :func:`write_changes` on an open connection."""
-    with _atomic.writing(binding.path):
-        _atomic.remove_stale_temps(binding.path)  # they can hold records forgotten since
+    with _atomic.writing(new.path):
+        _atomic.remove_stale_temps(new.path)  # they can hold records forgotten since
         con.execute("BEGIN IMMEDIATE")
         try:
-            if not _holds(con, binding):
+            if not _holds(con, new):
                 con.execute("ROLLBACK")
                 return None
             _write_records(con, rows, changed_sids)
@@ -473,7 +473,7 @@ def _write_tombstones(con, binding, tombstones, changed):
         del binding.tomb_rows[seq]
         dropped_blocks.add(seq // TOMB_BLOCK)
     con.executemany("DELETE FROM tombstones WHERE record_id = ?", [(r,) for r in gone])
-    made = [rid for rid in tombstones if rid in changed]
+    made = [rid for rid in changed if rid in tombstones]  # the order they were made in
     _insert_tombstones(con, binding, [(rid, tombstones[rid]) for rid in made])
     for block in dropped_blocks:
         if any(s in binding.tomb_rows for s in range(block * TOMB_BLOCK,
@@ -505,7 +505,7 @@ def _write_slots(con, binding, arrays):
         if len(hashes) > n_blocks:
             con.execute("DELETE FROM slots WHERE name = ? AND block >= ?", (name, n_blocks))
             del hashes[n_blocks:]
-        binding.slots[name] = array.copy()
+        binding.slots[name] = array  # the caller's copy (state_dict): nothing writes it
 
 
 # ---------------------------------------------------------------------------- reading

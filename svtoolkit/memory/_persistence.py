@@ -32,9 +32,13 @@ def save(mem, path, key):
     binding = mem._binding
     written = None
     if binding is not None and binding.path == target and _database.is_database(target):
-        written = _database.write_changes(
-            binding, header, arrays, mem._table.row, mem._tombstones,
-            mem._table.changed_sids, mem._tombstones_changed, key)
+        try:
+            written = _database.write_changes(
+                binding, header, arrays, mem._table.row, mem._tombstones,
+                mem._table.changed_sids, mem._tombstones_changed, key)
+        except BaseException:
+            mem._binding = None  # it may describe neither state now: the next save is whole
+            raise
     if written is None:
         rows = ((sid, mem._table.row(sid)) for sid in mem._solver.ids.tolist())
         written = _database.write_new(target, header, arrays, rows, mem._tombstones, key)
