@@ -560,7 +560,8 @@ def table(payload):
         lines.append(
             f"| {r['n']} | {r['d']} | {p['margin']}/{p['error']}/{p['reserve']} | "
             f"{r['file_bytes'] / 1e6:.1f} | {r['save']['median']:.3f} | "
-            f"{r['save of one forget']['median']:.4f} | {r['load']['median']:.3f} | {r['load (check_kkt=False)']['median']:.3f} | "
+            f"{r['save of one forget']['median']:.4f} | {r['load']['median']:.3f} | "
+            f"{r['load (check_kkt=False)']['median']:.3f} | "
             f"{r['kkt_residual_alone']['median']:.3f} | {r['goal_under_1s']} |")
     if payload.get("scale"):
         lines += ["", "## Scale (signed memory built by one extend; seconds)", "",

@@ -16,8 +16,8 @@ import numpy as np
 from . import _walk as W
 
 __all__ = ["export_state", "restore_state", "check_state", "state_int", "state_ints",
-           "steering_fields", "margin_positions", "fill_kernel_rows", "unshifted_inverse", "shifted_inverse",
-           "STATE_FORMAT", "STATE_SUM_TOL", "INT64_MAX"]
+           "steering_fields", "margin_positions", "fill_kernel_rows", "unshifted_inverse",
+           "shifted_inverse", "STATE_FORMAT", "STATE_SUM_TOL", "INT64_MAX"]
 
 
 def unshifted_inverse(R_shifted):

@@ -15,8 +15,9 @@ writes, how a load rebuilds and verifies), ``_certificates`` (what a receipt cer
 verification level), ``_table`` (the record table and its incremental digest), ``_codec``
 (values as canonical JSON), ``_database`` (the store database: SQLite, written by the change),
 ``_format`` (the single files of earlier versions, read; the load checks), ``_atomic`` (atomic
-replacement of a file, store locks), ``_signing`` (HMAC-SHA256 of stores and receipts), ``_receipts`` (receipts,
-audit reports, add and extend results), ``_audit`` (the rolling audit), ``_errors``; the local service: ``_service`` (state rules), ``server`` (HTTP),
+replacement of a file, store locks), ``_signing`` (HMAC-SHA256 of stores and receipts),
+``_receipts`` (receipts, audit reports, add and extend results), ``_audit`` (the rolling
+audit), ``_errors``; the local service: ``_service`` (state rules), ``server`` (HTTP),
 ``client``.
 """
 

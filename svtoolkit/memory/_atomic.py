@@ -143,9 +143,9 @@ def store_lock(path):
 
 @contextlib.contextmanager
 def writing(target):
-    """Around one save of the store at real path ``target``: a shared lock on an existing ``REALPATH.lock`` (none when it does not
-    exist), so that the save is refused while a server owns the store; nothing for a thread
-    that holds the store lock."""
+    """Around one save of the store at real path ``target``: a shared lock on an existing
+    ``REALPATH.lock`` (none when it does not exist), so that the save is refused while a
+    server owns the store; nothing for a thread that holds the store lock."""
     if fcntl is None or _holding(target):  # not POSIX, or this thread holds the lock
         yield
         return

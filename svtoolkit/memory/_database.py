@@ -23,8 +23,8 @@ meta rows. Any other save builds a whole database in memory and renames it over 
 The seal is a sha256 (it detects damage) over the header, the small arrays, and the roots of
 two-level hashes of the slot blocks and of the tombstones (blocks of TOMB_BLOCK sequence
 numbers), so that a write rehashes only what it wrote; a signed store also holds the
-HMAC-SHA256 of the same under its key (it detects forgery). The records enter through the header's state digest, which a
-load recomputes from the records it read.
+HMAC-SHA256 of the same under its key (it detects forgery). The records enter through the
+header's state digest, which a load recomputes from the records it read.
 
 Erasure: every connection that writes sets ``secure_delete`` (SQLite overwrites deleted
 content with zeros) and the rollback journal (``journal_mode=DELETE``), which holds the
@@ -51,8 +51,9 @@ from ._format import is_signed_file
 from ._errors import MemoryAuthenticationError, MemoryFileError
 from ._signing import file_mac, macs_equal
 
-__all__ = ["SQLITE_MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "SLOT_ARRAYS", "SMALL_ARRAYS", "Binding",
-           "is_database", "is_signed_database", "is_signed_store", "write_new", "write_changes", "read"]
+__all__ = ["SQLITE_MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "SLOT_ARRAYS",
+           "SMALL_ARRAYS", "Binding", "Stored", "is_database", "is_signed_database",
+           "is_signed_store", "write_new", "write_changes", "read"]
 
 #: First 16 bytes of every SQLite database file.
 SQLITE_MAGIC = b"SQLite format 3\x00"

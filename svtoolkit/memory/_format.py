@@ -55,7 +55,9 @@ class FileContents:
     Attributes
     ----------
     version : int
-        Format version of the file (1 or 2); its digest follows the same version's rule.
+        Format version of the store (1 or 2: a single file; 3: a store database, whose
+        contents :mod:`._persistence` puts in this form); its digest follows that version's
+        rule.
     signed : bool
         Whether the file carries an HMAC (checked only when a key was given).
     config : dict

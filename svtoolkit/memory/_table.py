@@ -149,16 +149,6 @@ class RecordTable:
         """Record ids of the solver ids ``sids`` (same order)."""
         return [self._rid_by_sid[int(s)] for s in sids]
 
-    def file_records(self, sids):
-        """``[record_id, sid, value_text]`` for the solver ids ``sids``, in their order (the
-        record list a memory file holds)."""
-        by_sid, records = self._rid_by_sid, self._records
-        out = []
-        for sid in np.asarray(sids, dtype=np.int64).tolist():
-            record_id = by_sid[sid]
-            out.append([record_id, sid, records[record_id][1]])
-        return out
-
     def key(self, sid):
         """Key of the record in slot ``sid``, ndarray of shape (d,) (a copy)."""
         return self.keys[self._row_by_sid[sid]].copy()
