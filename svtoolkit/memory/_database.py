@@ -47,7 +47,7 @@ import numpy as np
 
 from . import _atomic
 from ._format import READABLE_VERSIONS as _SINGLE_FILE_VERSIONS
-from ._format import is_signed_file
+from ._format import FORMAT_NAME, is_signed_file, parse_header
 from ._errors import MemoryAuthenticationError, MemoryFileError
 from ._signing import file_mac, macs_equal
 
@@ -65,7 +65,6 @@ FORMAT_VERSION = 3
 READABLE_VERSIONS = (*_SINGLE_FILE_VERSIONS, FORMAT_VERSION)
 #: ``PRAGMA application_id``: "SVKM".
 APPLICATION_ID = 0x53564B4D
-_FORMAT_NAME = "svtoolkit.ForgettableMemory"
 #: Slots per block of the solver's per-slot arrays.
 SLOT_BLOCK = 4096
 #: Tombstone sequence numbers per hashed block.
@@ -258,7 +257,7 @@ def _slot_arrays(arrays):
 
 def _full_header(header, arrays, store_id, n_tombstones):
     n_records = int(np.count_nonzero(np.asarray(arrays["ids"]) >= 0))  # one per real slot
-    return {**header, "format": _FORMAT_NAME, "format_version": FORMAT_VERSION,
+    return {**header, "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
             "store_id": store_id, "slot_block": SLOT_BLOCK, "n_records": n_records,
             "n_tombstones": n_tombstones,
             "arrays": {name: list(np.shape(arrays[name])) for name in SMALL_ARRAYS}}
@@ -623,7 +622,7 @@ def _parse(meta, slot_rows, tomb_rows, record_rows, path, key):
     for block in {seq // TOMB_BLOCK for seq in binding.tomb_rows}:
         binding.tomb_hashes[block] = _tomb_block_hash(binding.tomb_rows, block)
     _check_seal(key, signed, seal, mac, header_text, small, slot_hashes, binding.tomb_hashes)
-    header = _parse_header(header_text)
+    header = parse_header(header_text, FORMAT_VERSION, "store")
     binding.store_id = header["store_id"]
     arrays = _parse_arrays(header, small, slot_blocks)
     binding.slots = {name: arrays[name].copy() for name in SLOT_ARRAYS}
@@ -648,19 +647,6 @@ def _check_seal(key, signed, seal, mac, header_text, small, slot_hashes, tomb_ha
             raise MemoryAuthenticationError(
                 "MAC mismatch: the store was modified after it was signed, or signed with "
                 "another key")
-
-
-def _parse_header(raw):
-    try:
-        header = json.loads(raw.decode("utf-8", "surrogatepass"))
-    except RecursionError:
-        raise MemoryFileError("header is not valid JSON (nested too deeply)") from None
-    except ValueError as exc:
-        raise MemoryFileError(f"header is not valid UTF-8 JSON ({exc})") from None
-    if not isinstance(header, dict) or header.get("format") != _FORMAT_NAME or \
-            header.get("format_version") != FORMAT_VERSION:
-        raise MemoryFileError(f"header does not describe a version-{FORMAT_VERSION} store")
-    return header
 
 
 def _parse_arrays(header, small, slot_blocks):

@@ -23,8 +23,8 @@ from ._errors import MemoryAuthenticationError, MemoryFileError
 from ._receipts import CHAIN_HEAD_FIELDS
 from ._signing import MAC_BYTES, file_mac, macs_equal
 
-__all__ = ["READABLE_VERSIONS", "MAGIC", "KKT_TOL", "FileContents", "parse_file",
-           "parse_counter", "parse_cursor", "parse_chain", "parse_tombstones",
+__all__ = ["READABLE_VERSIONS", "MAGIC", "FORMAT_NAME", "KKT_TOL", "FileContents", "parse_file",
+           "parse_header", "parse_counter", "parse_cursor", "parse_chain", "parse_tombstones",
            "check_solver_numbers", "check_maintained_numbers", "is_signed_file"]
 
 #: Versions of the single-file format :meth:`ForgettableMemory.load` reads.
@@ -34,7 +34,8 @@ MAGIC = b"SVTKMEM\x00"
 #: :meth:`ForgettableMemory.load` refuses a state whose KKT residual (recomputed from the stored
 #: keys) exceeds this. Exact states measure ~1e-13; the solver repairs drift above 1e-10.
 KKT_TOL = 1e-8
-_FORMAT_NAME = "svtoolkit.ForgettableMemory"
+#: The ``format`` field of every header, single file and database alike.
+FORMAT_NAME = "svtoolkit.ForgettableMemory"
 _HEADER_V1 = struct.Struct("<8sIQ")  # magic, format version, header length
 _HEADER = struct.Struct("<8sIIQ")  # magic, format version, flags, header length
 _VERSION = struct.Struct("<I")  # at offset 8 in every version
@@ -177,7 +178,7 @@ def parse_file(data, key=None):
                 "another key")
     if start + header_len > len(body):
         raise MemoryFileError("header length runs past the end of the file")
-    header = _parse_header(bytes(body[start:start + header_len]), version)
+    header = parse_header(bytes(body[start:start + header_len]), version)
     state = dict(header["solver_scalars"])
     state.update(_parse_arrays(header["arrays"], body, start + header_len))
     return FileContents(
@@ -232,18 +233,23 @@ def parse_chain(header):
     return dict(chain)
 
 
-def _parse_header(raw, version):
-    """The header dict of a memory file, refusing anything but a JSON object of ``version``."""
+def parse_header(raw, version, kind="memory"):
+    """The header dict of a store, refusing anything but a JSON object of ``version``.
+
+    Shared by the single-file readers and the database reader (``kind`` names which in the
+    message: "memory" or "store"). Lone surrogates are decoded as the writers encode them
+    (``surrogatepass``), so a value the writer accepted reads back.
+    """
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8", "surrogatepass"))
     except RecursionError:
         raise MemoryFileError("header is not valid JSON (nested too deeply)") from None
     except ValueError as exc:
         raise MemoryFileError(f"header is not valid UTF-8 JSON ({exc})") from None
     if not isinstance(header, dict):
         raise MemoryFileError(f"header is a JSON {type(header).__name__}, not an object")
-    if header.get("format") != _FORMAT_NAME or header.get("format_version") != version:
-        raise MemoryFileError(f"header does not describe a version-{version} memory")
+    if header.get("format") != FORMAT_NAME or header.get("format_version") != version:
+        raise MemoryFileError(f"header does not describe a version-{version} {kind}")
     return header
 
 
