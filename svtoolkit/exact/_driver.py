@@ -279,15 +279,17 @@ class WalkDriver:
         self._ist[W._SETTLED] = -1
 
     def _settle(self, polish_allowed=True):
-        """Bring the state to rest in canonical form (see ``_rest.settle``); a caller that has
-        just factorised the inverse and evaluated every gradient passes polish_allowed=False
-        (a polish would recompute the same)."""
+        """Bring the state to rest in canonical form (see ``_rest.settle``), polishing when it
+        asks, at most ``SETTLE_POLISHES`` times; a caller that has just factorised the inverse
+        and evaluated every gradient passes polish_allowed=False (it counts as one polish)."""
         limit, repairs = self._event_limit(), 10 * self._n + 10
+        polishes = 0 if polish_allowed else 1
         while True:
-            code = settle(*self._arrays(), limit, repairs, polish_allowed, self._probe_tol)
+            code = settle(*self._arrays(), limit, repairs, polishes < W.SETTLE_POLISHES,
+                          self._probe_tol)
             if code == W.NEED_POLISH:
                 self._polish()
-                polish_allowed = False
+                polishes += 1
             elif not self._check(code):
                 return
 

@@ -152,9 +152,12 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
            fs, ist, max_events, max_repairs, polish_allowed, probe_tol):
     """Bring the state to rest in canonical form (one crossing per operation).
 
-    Asks for a polish (NEED_POLISH, at most once: the caller polishes and calls again with
-    ``polish_allowed=False``) when a rank-one update of this operation used a pivot below
-    POLISH_PIVOT or the inverse fails its probe; relaxes sign violators (:func:`repair`); moves
+    Asks for a polish (NEED_POLISH; the caller polishes and calls again, with
+    ``polish_allowed=False`` once it has polished ``SETTLE_POLISHES`` times) when a rank-one
+    update of this operation used a pivot below POLISH_PIVOT or the inverse fails its probe -
+    before the repair, and again after it when a relaxation walk used such a pivot (near
+    twins: a relaxation swaps a key with the margin key it depends on, at a pivot of about its
+    Schur complement); relaxes sign violators (:func:`repair`); moves
     margin coefficients that sit on a bound into that bound's set; removes the equality
     residuals (:func:`correct`); with S empty puts rho at the midpoint of its optimal interval
     (what a fresh solve reports). Skipped when nothing moved since the last rest state.
@@ -190,6 +193,10 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         recenter_rho(alpha, grad, status, fs, ist[_N])
     if not _consistent(alpha, status, fs, ist):
         return INCONSISTENT
+    if polish_allowed and fs[_MIN_PIVOT] < POLISH_PIVOT:
+        # a relaxation or correction walk of this rest state used a small pivot: its
+        # rounding (~eps / pivot) is in the maintained gradients, as after any such step
+        return NEED_POLISH
     ist[_SETTLED] = ist[_EVENTS]
     fs[_MIN_PIVOT] = np.inf  # pivots are judged per operation
     return DONE

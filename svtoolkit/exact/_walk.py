@@ -105,6 +105,11 @@ PROBE_TOL = 1e-11
 #: PROBE_TOL_MAX: at m = 2048 margin keys a freshly factorised inverse itself probes at 1.1e-11,
 #: and a polish that cannot improve the probe would otherwise run after every operation.)
 PROBE_TOL_MAX = 1e-9
+#: The rest state asks for a polish again after its relaxation walks when one of them used a
+#: pivot below POLISH_PIVOT (near twins trade places at a pivot of about their Schur
+#: complement: measured 1.1e-11, whose rounding left f off a fresh evaluation by 1.3e-7
+#: unseen); at most this many polishes per operation.
+SETTLE_POLISHES = 3
 
 # ist indices
 _N, _M, _ANCHOR, _EPOCH, _LAST_LEFT, _LAST_JOINED, _EVENTS, _REFUSED = 0, 1, 2, 3, 4, 5, 6, 7
