@@ -28,6 +28,7 @@ import math
 import numpy as np
 import pytest
 
+import svtoolkit.exact.solver as solver_module
 from svtoolkit import IncrementalSVDD
 
 #: The objective gap allowed, relative to ``max |K'|`` (module docstring).
@@ -117,7 +118,7 @@ def test_tight_cluster_objective_reaches_smo_optimum(seed, jitter):
 #: The exact certificate (the bulk build's acceptance threshold, units of f). After a polish
 #: every gradient is evaluated from the keys: f(x_i) sums at most 24 terms 2 a_j K'_ij of size
 #: <= 2 C = 0.21 and rho', so its rounding is ~30 u ~ 7e-15, far inside it.
-KKT_EXACT = 1e-12
+KKT_EXACT = solver_module.BULK_KKT_TOL
 
 
 @pytest.mark.parametrize("seed", [41, 131])
