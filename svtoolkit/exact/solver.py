@@ -227,9 +227,9 @@ class IncrementalSVDD(WalkDriver):
         above, it is Gram-free, with a kernel-column cache (:meth:`_land_bulk_cached`). The
         landing (array work in ``_landing``): the SMO partition (coefficients within
         BULK_PARTITION_SNAP C of a bound are put at it), the bordered inverse grown over the
-        margin keys from the most interior one on (a key dependent on the margin set - Schur complement below KAPPA_TOL - is put at
-        its nearer bound, as the walk would keep it), the gradients, and then the walk's own
-        rest state (``_rest.settle``: polish if needed, relaxation of sign violators,
+        margin keys from the most interior one on (a key dependent on the margin set - Schur
+        complement below KAPPA_TOL - is put at its nearer bound, as the walk would keep it),
+        the gradients, and then the walk's own rest state (``_rest.settle``: polish if needed, relaxation of sign violators,
         correction walk), which ends on the exact optimum. Accepted only if the KKT residual
         from a fresh evaluation of the keys is at most BULK_KKT_TOL; a landing above it is
         first polished (:meth:`_polish_landing`, up to BULK_POLISH_ROUNDS times). One still not
