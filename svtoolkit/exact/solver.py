@@ -228,14 +228,14 @@ class IncrementalSVDD(WalkDriver):
         landing (array work in ``_landing``): the SMO partition (coefficients within
         BULK_PARTITION_SNAP C of a bound are put at it), the bordered inverse grown over the
         margin keys from the most interior one on (a key dependent on the margin set - Schur
-        complement below KAPPA_TOL - is put at its nearer bound, as the walk would keep it),
-        the gradients, and then the walk's own rest state (``_rest.settle``: polish if needed, relaxation of sign violators,
-        correction walk), which ends on the exact optimum. Accepted only if the KKT residual
-        from a fresh evaluation of the keys is at most BULK_KKT_TOL; a landing above it is
-        first polished (:meth:`_polish_landing`, up to BULK_POLISH_ROUNDS times). One still not
-        accepted is counted in ``n_bulk_fallbacks``, ``bulk_fallback_reason`` names why, and a
-        :class:`BulkFallbackWarning` says so (the batch is then replayed key by key, which can
-        take far longer).
+        complement below KAPPA_TOL - is put at its nearer bound, as the walk would keep it), the
+        gradients, and then the walk's own rest state (``_rest.settle``: polish if needed,
+        relaxation of sign violators, correction walk), which ends on the exact optimum.
+        Accepted only if the KKT residual from a fresh evaluation of the keys is at most
+        BULK_KKT_TOL; a landing above it is first polished (:meth:`_polish_landing`, up to
+        BULK_POLISH_ROUNDS times). One still not accepted is counted in ``n_bulk_fallbacks``,
+        ``bulk_fallback_reason`` names why, and a :class:`BulkFallbackWarning` says so (the
+        batch is then replayed key by key, which can take far longer).
         """
         n = len(X)
         if n < BULK_MIN_KEYS or not self._feasible(n) or self.max_events is not None:
