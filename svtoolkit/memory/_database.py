@@ -622,7 +622,7 @@ def _parse(meta, slot_rows, tomb_rows, record_rows, path, key):
     for block in {seq // TOMB_BLOCK for seq in binding.tomb_rows}:
         binding.tomb_hashes[block] = _tomb_block_hash(binding.tomb_rows, block)
     _check_seal(key, signed, seal, mac, header_text, small, slot_hashes, binding.tomb_hashes)
-    header = parse_header(header_text, FORMAT_VERSION, "store")
+    header = parse_header(header_text, FORMAT_VERSION, "store", "surrogatepass")
     binding.store_id = header["store_id"]
     arrays = _parse_arrays(header, small, slot_blocks)
     binding.slots = {name: arrays[name].copy() for name in SLOT_ARRAYS}

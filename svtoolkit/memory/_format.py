@@ -233,15 +233,16 @@ def parse_chain(header):
     return dict(chain)
 
 
-def parse_header(raw, version, kind="memory"):
+def parse_header(raw, version, kind="memory", decode_errors="strict"):
     """The header dict of a store, refusing anything but a JSON object of ``version``.
 
-    Shared by the single-file readers and the database reader (``kind`` names which in the
-    message: "memory" or "store"). Lone surrogates are decoded as the writers encode them
-    (``surrogatepass``), so a value the writer accepted reads back.
+    Shared by the single-file readers and the database reader: ``kind`` names which in the
+    message ("memory" or "store"), ``decode_errors`` is how its writer encoded the text (the
+    database's writer uses ``"surrogatepass"``, so a lone surrogate it accepted reads back; the
+    single files were strict UTF-8).
     """
     try:
-        header = json.loads(raw.decode("utf-8", "surrogatepass"))
+        header = json.loads(raw.decode("utf-8", decode_errors))
     except RecursionError:
         raise MemoryFileError("header is not valid JSON (nested too deeply)") from None
     except ValueError as exc:
