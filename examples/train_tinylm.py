@@ -47,6 +47,7 @@ prints and writes.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -378,6 +379,11 @@ def run(args):
         if not args.quiet:
             out.report()
     if world_size > 1:
+        # the DDP wrapper's reducer holds the process group: release it first, or the group
+        # outlives destroy_process_group and gloo's threads are torn down at interpreter exit
+        # (std::terminate, SIGABRT, after the work is done)
+        model = None
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return result
