@@ -379,10 +379,10 @@ def run(args):
         if not args.quiet:
             out.report()
     if world_size > 1:
-        # the DDP wrapper's reducer holds the process group: release it first, or the group
-        # outlives destroy_process_group and gloo's threads are torn down at interpreter exit
-        # (std::terminate, SIGABRT, after the work is done)
-        model = None
+        # the DDP wrapper's reducer holds the process group: release it first, else the group
+        # can outlive destroy_process_group and gloo's threads die at interpreter exit
+        # (a rare std::terminate, SIGABRT, after the work is done)
+        del model
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
