@@ -40,12 +40,13 @@ def _entry(**kw):
                  metric="recall@1", published=0.96, study="mqar", script="examples/mqar.py",
                  source={"file": "examples/results/r.json", "pointer": "/rows/0/mean",
                          "lo": "/rows/0/ci/0", "hi": "/rows/0/ci/1"},
-                 measured=None, interval=None, verdict="reproduces", evidence="3 seeds")
+                 measured=None, interval=None, source_commit=None, verdict="reproduces",
+                 evidence="3 seeds")
     entry.update(kw)
     return entry
 
 
-RESULT = {"rows": [{"mean": 0.95, "ci": [0.93, 0.97]}]}
+RESULT = {"rows": [{"mean": 0.95, "ci": [0.93, 0.97]}], "record": {"git": {"commit": "abc123"}}}
 
 
 def test_refresh_reads_the_measured_value_and_writes_both_documents(tmp_path):
@@ -54,6 +55,7 @@ def test_refresh_reads_the_measured_value_and_writes_both_documents(tmp_path):
     assert ledger.main(["--root", str(root)]) == 0
     entry = ledger.load(root)[0]
     assert entry["measured"] == 0.95 and entry["interval"] == [0.93, 0.97]
+    assert entry["source_commit"] == "abc123"  # the result file's run record, read not typed
     assert "| Table 2 | SV recalls |" in (root / "docs" / "reproduction.md").read_text()
     readme = (root / "README.md").read_text()
     assert readme.startswith("intro\n") and readme.endswith("rest\n") and "old" not in readme
@@ -62,6 +64,8 @@ def test_refresh_reads_the_measured_value_and_writes_both_documents(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     (dict(measured=0.5, interval=[0.93, 0.97]), r"differ from the source's 0\.95"),
+    (dict(source_commit="def456"), r"stored source_commit 'def456' differs from the source's "
+                                   r"'abc123'"),
     (dict(verdict="holds"), r"verdict 'holds' is not one of"),
     (dict(evidence=""), r"no evidence line"),
     (dict(published=0.99, measured=0.95, interval=[0.93, 0.97]),
@@ -77,7 +81,7 @@ def test_problems_name_each_inconsistency(tmp_path, change, message):
     import re
 
     root = _tree(tmp_path, [], RESULT)
-    base = _entry(measured=0.95, interval=[0.93, 0.97])
+    base = _entry(measured=0.95, interval=[0.93, 0.97], source_commit="abc123")
     base.update(change)
     found = ledger.problems([base], root)
     assert any(re.search(message, line) for line in found), found
@@ -85,9 +89,11 @@ def test_problems_name_each_inconsistency(tmp_path, change, message):
 
 def test_a_published_range_that_overlaps_the_interval_reproduces(tmp_path):
     root = _tree(tmp_path, [], RESULT)
-    entry = _entry(published="0.96-0.99", measured=0.95, interval=[0.93, 0.97])
+    entry = _entry(published="0.96-0.99", measured=0.95, interval=[0.93, 0.97],
+                   source_commit="abc123")
     assert ledger.problems([entry], root) == []
-    entry = _entry(published="0.98\u20130.99", measured=0.95, interval=[0.93, 0.97])
+    entry = _entry(published="0.98\u20130.99", measured=0.95, interval=[0.93, 0.97],
+                   source_commit="abc123")
     assert any("outside the measured" in p for p in ledger.problems([entry], root))
 
 
@@ -95,12 +101,12 @@ def test_a_rate_of_trials_gets_its_exact_binomial_interval(tmp_path):
     root = _tree(tmp_path, [], {"secret": {"after": 0.0, "before": 25 / 30, "trials": 30}})
     source = {"file": "examples/results/r.json", "pointer": "/secret/after",
               "trials": "/secret/trials"}
-    measured, interval = ledger.resolve({"source": source}, root)
+    measured, interval, _ = ledger.resolve({"source": source}, root)
     # 0 of 30: the Clopper-Pearson upper limit is 1 - 0.025**(1/30), in closed form.
     assert measured == 0.0 and interval[0] == 0.0
     assert interval[1] == pytest.approx(1 - 0.025 ** (1 / 30), rel=1e-12)
     entry = _entry(published=0.07, source=source, measured=measured, interval=interval)
-    assert ledger.problems([entry], root) == []  # 0.07 lies inside [0, 0.116]
+    assert ledger.problems([entry], root) == []  # 0.07 lies inside [0, 0.116]; no record: None
     source["pointer"] = "/secret/before"
     assert ledger.resolve({"source": source}, root)[1][0] < 0.8 < ledger.resolve(
         {"source": source}, root)[1][1]
