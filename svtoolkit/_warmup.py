@@ -126,7 +126,9 @@ def _warm_solver_rare_paths(solver):
     # the in-walk refactorisation after a shrink on a small pivot (probe forced to fail)
     S = np.arange(2, dtype=np.int64)
     KSt = np.array([[0.0, -0.5], [-0.5, 0.0]])
-    W.refresh_inverse_if_drifted(np.zeros((3, 3)), 2, S, KSt)
+    fs = np.zeros(W.FS_SIZE)
+    fs[W._REFRESH_LIMIT] = W.REFRESH_PROBE_TOL
+    W.refresh_inverse_if_drifted(np.zeros((3, 3)), 2, S, KSt, fs)
     # the bulk landing's key-by-key growth of the margin set (near duplicates in its margin)
     R, bk, vbuf = np.zeros((3, 3)), np.zeros(3), np.zeros(3)
     W._grow(R, 0, bk, 0.0)

@@ -77,3 +77,25 @@ def test_restored_solvers_keep_the_audit_schedule_and_the_event_limit(monkeypatc
         audits.append(log)
     assert audits[0] == [32, 30]  # after operations 32 (an add) and 36 (a removal)
     assert audits[1:] == [audits[0]] * 3
+
+
+def test_a_format_3_state_loads_with_its_probe_threshold_and_takes_the_same_steps():
+    """Format 3 kept the rest state's probe threshold in a field of its own and ``fs`` as four
+    floats; format 4 keeps both probe thresholds in ``fs``. A format-3 state of a solver whose
+    in-walk refresh threshold is at its default loads into the same solver."""
+    import svtoolkit.exact._walk as W
+
+    rng = np.random.default_rng(2)
+    s = IncrementalSVDD(0.05, 1.2)
+    s.extend(rng.standard_normal((60, 4)))
+    s._fs[W._PROBE_LIMIT] = 3e-11  # as a calibration after a fresh factorisation would set it
+    state = s.state_dict()
+    assert state["format"] == 4 and state["fs"][W._REFRESH_LIMIT] == W.REFRESH_PROBE_TOL
+    old = dict(state, format=3, fs=state["fs"][:4].copy(), probe_tol=3e-11)
+    restored = IncrementalSVDD.from_state_dict(old)
+    assert_same_state(restored, s)
+    x = rng.standard_normal(4)
+    for solver in (s, restored):
+        solver.remove(solver.margin_ids[0])
+        solver.add(x)
+    assert_same_state(restored, s)

@@ -695,7 +695,9 @@ def _damage(state, key, index, value):
         ("next_id", None, 10**30, "outside"),
         ("audit_every", None, 2.7, "must be an integer"),
         ("d", None, 0, "shape"),
-        ("probe_tol", None, 1.0, r"state\['probe_tol'\] = 1.0 is outside"),
+        ("fs", W._PROBE_LIMIT, 1.0, "rest state's probe threshold 1.0, outside"),
+        ("fs", W._REFRESH_LIMIT, 1.0, "in-walk refresh's probe threshold 1.0, outside"),
+        ("fs", W._REFRESH_LIMIT, 0.0, "in-walk refresh's probe threshold 0.0, outside"),
         ("margin_capacity", None, 3, r"state\['margin_capacity'\] = 3 is outside"),
         ("ops_since_audit", None, -1, "outside"),
         ("max_events", None, 0, "outside"),
@@ -933,7 +935,7 @@ def test_format_1_states_load_into_the_shifted_kernel():
     state = s.state_dict()
     m = len(state["S"])
     old = dict(state, format=1, KSt=state["KSt"] + 1.0, R=unshifted_inverse(state["R"]),
-               fs=state["fs"] - np.array([1.0, 0.0, 0.0, 0.0]))
+               fs=state["fs"][:4] - np.array([1.0, 0.0, 0.0, 0.0]))
     t = IncrementalSVDD.from_state_dict(old)
     assert m > 0 and t.consistency().inverse_residual <= 1e-10
     Q = rng.standard_normal((20, 4))

@@ -63,7 +63,6 @@ class WalkDriver:
         self._slot_of = {}
         self.n_refactorizations = 0
         self.n_polishes = 0
-        self._probe_tol = W.PROBE_TOL
         self.n_rebuilds = 0
         self._allocate(d=1, cap=16, mcap=8)
         self._d = None
@@ -86,8 +85,8 @@ class WalkDriver:
         self._bk = np.zeros(mcap + 1)
         self._vbuf = np.zeros(mcap + 1)
         self._fs = np.empty(W.FS_SIZE)
-        self._fs[[W._RHO, W._C, W._INV_SIGMA2, W._MIN_PIVOT]] = (0.0, self._C,
-                                                                 1.0 / self._sigma**2, np.inf)
+        self._fs[[W._RHO, W._C, W._INV_SIGMA2, W._MIN_PIVOT, W._PROBE_LIMIT, W._REFRESH_LIMIT]] = (
+            0.0, self._C, 1.0 / self._sigma**2, np.inf, W.PROBE_TOL, W.REFRESH_PROBE_TOL)
         self._order_cache = None
         self._ist = np.zeros(W.IST_SIZE, dtype=np.int64)
         self._ist[[W._ANCHOR, W._LAST_LEFT, W._LAST_JOINED, W._CUR_C, W._SETTLED]] = -1
@@ -285,8 +284,7 @@ class WalkDriver:
         limit, repairs = self._event_limit(), 10 * self._n + 10
         polishes = 0 if polish_allowed else 1
         while True:
-            code = settle(*self._arrays(), limit, repairs, polishes < W.SETTLE_POLISHES,
-                          self._probe_tol)
+            code = settle(*self._arrays(), limit, repairs, polishes < W.SETTLE_POLISHES)
             if code == W.NEED_POLISH:
                 self._polish()
                 polishes += 1
@@ -297,7 +295,6 @@ class WalkDriver:
         d = self._d
         self._allocate(d=d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
         self._slot_of = {}
-        self._probe_tol = W.PROBE_TOL
 
     def _add_checked(self, x, new_id):
         if self._n == 0:
@@ -315,7 +312,7 @@ class WalkDriver:
         """Walk slot to 0, delete it and settle: one kernel call (``_rest.remove_and_settle``)
         unless the walk needs more margin capacity or the settle a polish."""
         moved, code = remove_and_settle(*self._arrays(), slot, self._event_limit(),
-                                          10 * self._n, self._probe_tol)
+                                          10 * self._n)
         if moved == -2:  # the walk stopped: resume it the usual way
             self._check(code)
             self._walk(slot, W.REMOVE)
@@ -372,13 +369,12 @@ class WalkDriver:
         self._grad[:n] = self._fresh_gradients()
 
     def _calibrate_probe(self):
-        """Set the inverse probe's threshold from a freshly factorised inverse: 4x its own probe
-        (the factorisation's rounding floor), within [PROBE_TOL, PROBE_TOL_MAX]. Without it a
-        large margin set whose fresh inverse already probes above PROBE_TOL (1.1e-11 at
-        m = 2048) would polish after every operation without improving anything."""
-        m = self._m
-        floor = W.inverse_probe_residual(self._R, m, self._S, self._KSt, self._vbuf, self._bk)
-        self._probe_tol = min(W.PROBE_TOL_MAX, max(W.PROBE_TOL, 4.0 * floor))
+        """Set the probe thresholds from a freshly factorised inverse (``_walk.calibrate_probe``:
+        4x its own probe within [PROBE_TOL, PROBE_TOL_MAX]; the in-walk refresh's back to
+        REFRESH_PROBE_TOL). Without it a large margin set whose fresh inverse already probes
+        above PROBE_TOL (1.1e-11 at m = 2048) would polish after every operation without
+        improving anything."""
+        W.calibrate_probe(self._R, self._m, self._S, self._KSt, self._vbuf, self._fs)
 
     def _refactorize(self):
         """After a failed audit: polish, then restore the canonical resting state."""

@@ -32,6 +32,7 @@ from ._walk import (
     _M,
     _MIN_PIVOT,
     _N,
+    _PROBE_LIMIT,
     _REFUSED,
     _REPAIRS,
     _RHO,
@@ -149,7 +150,7 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
 
 @njit
 def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-           fs, ist, max_events, max_repairs, polish_allowed, probe_tol):
+           fs, ist, max_events, max_repairs, polish_allowed):
     """Bring the state to rest in canonical form (one crossing per operation).
 
     Asks for a polish (NEED_POLISH; the caller polishes and calls again, with
@@ -170,7 +171,7 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         return DONE
     if polish_allowed and (
         fs[_MIN_PIVOT] < POLISH_PIVOT
-        or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > probe_tol
+        or inverse_probe_residual(R, ist[_M], S, KSt, vbuf, bk) > fs[_PROBE_LIMIT]
     ):
         return NEED_POLISH
     code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
@@ -411,7 +412,7 @@ def recenter_rho(alpha, grad, status, fs, n):
 
 @njit
 def remove_and_settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                      blocked, fs, ist, c, max_events, max_repairs, probe_tol):
+                      blocked, fs, ist, c, max_events, max_repairs):
     """A deletion in one crossing: :func:`walk` of slot c to 0, :func:`delete_slot`, then
     :func:`settle` (polish allowed).
 
@@ -428,5 +429,5 @@ def remove_and_settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, be
         return -2, code
     moved = delete_slot(c, Xt, ids, alpha, grad, status, spos, S, KSt, blocked, ist)
     code = settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                  blocked, fs, ist, max_events, max_repairs, True, probe_tol)
+                  blocked, fs, ist, max_events, max_repairs, True)
     return moved, code

@@ -16,8 +16,8 @@ import numpy as np
 from . import _walk as W
 
 __all__ = ["export_state", "restore_state", "check_state", "state_int", "state_ints",
-           "steering_fields", "margin_positions", "fill_kernel_rows", "unshifted_inverse",
-           "shifted_inverse", "STATE_FORMAT", "STATE_SUM_TOL", "INT64_MAX"]
+           "steering_fields", "stored_fs", "margin_positions", "fill_kernel_rows",
+           "unshifted_inverse", "shifted_inverse", "STATE_FORMAT", "STATE_SUM_TOL", "INT64_MAX"]
 
 
 def unshifted_inverse(R_shifted):
@@ -45,7 +45,11 @@ INT64_MAX = int(np.iinfo(np.int64).max)
 #: tolerance, the operations since the last audit, the event limit and the margin
 #: capacity, at which a walk pauses to grow its arrays); states of formats 1 and 2 load
 #: with their defaults (PROBE_TOL, 0, None, the smallest capacity that holds them).
-STATE_FORMAT = 3
+#: 4: the inverse-probe thresholds live in ``fs``, where the walk's kernels read them: the
+#: rest state's (slot ``_PROBE_LIMIT``, format 3's field ``probe_tol``) and the in-walk
+#: refresh's (``_REFRESH_LIMIT``, new); format-3 states load with their ``probe_tol`` put
+#: there, formats 1 and 2 with PROBE_TOL, and all three with REFRESH_PROBE_TOL.
+STATE_FORMAT = 4
 #: |sum(a) - 1| a stored state may show (the KKT residual itself is checked by the loader).
 STATE_SUM_TOL = 1e-9
 
@@ -72,19 +76,41 @@ def state_ints(state, key, shape):
 
 
 def steering_fields(state):
-    """The settings of a format-3 state that steer later operations, validated:
-    ``(ops_since_audit, max_events, probe_tol, margin_capacity)``."""
+    """The settings of a state of format 3 or later that steer later operations, validated:
+    ``(ops_since_audit, max_events, margin_capacity)`` (the probe threshold: :func:`stored_fs`)."""
     ops = state_int(state, "ops_since_audit", 0, INT64_MAX)
     max_events = state["max_events"]
     if max_events is not None:
         max_events = state_int(state, "max_events", 1, INT64_MAX)
-    probe_tol = state["probe_tol"]
-    if isinstance(probe_tol, (bool, np.bool_)) or not isinstance(probe_tol, numbers.Real) \
-            or not W.PROBE_TOL <= float(probe_tol) <= W.PROBE_TOL_MAX:
-        raise ValueError(f"state['probe_tol'] = {probe_tol!r} is outside "
-                         f"[{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
     capacity = state_int(state, "margin_capacity", 1, INT64_MAX)
-    return ops, max_events, float(probe_tol), capacity
+    return ops, max_events, capacity
+
+
+def stored_fs(state, version):
+    """``state['fs']`` as the walk's ``fs`` array of FS_SIZE floats, its probe thresholds
+    checked (earlier formats held four floats: they get the thresholds they used, format 3's
+    ``probe_tol`` or PROBE_TOL, and REFRESH_PROBE_TOL). :func:`check_state` checks the rest.
+    """
+    fs = np.asarray(state["fs"], dtype=np.float64)
+    size = W.FS_SIZE if version >= 4 else 4
+    if fs.shape != (size,):
+        raise ValueError(f"state['fs'] has shape {fs.shape}, expected ({size},)")
+    if version < 4:
+        probe_tol = state["probe_tol"] if version == 3 else W.PROBE_TOL
+        if isinstance(probe_tol, (bool, np.bool_)) or not isinstance(probe_tol, numbers.Real):
+            raise ValueError(f"state['probe_tol'] must be a real number; got {probe_tol!r}")
+        fs = np.append(fs, [float(probe_tol), W.REFRESH_PROBE_TOL])
+        if not W.PROBE_TOL <= fs[W._PROBE_LIMIT] <= W.PROBE_TOL_MAX:
+            raise ValueError(f"state['probe_tol'] = {probe_tol!r} is outside "
+                             f"[{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
+        return fs
+    if not W.PROBE_TOL <= fs[W._PROBE_LIMIT] <= W.PROBE_TOL_MAX:
+        raise ValueError(f"state['fs'] holds the rest state's probe threshold "
+                         f"{float(fs[W._PROBE_LIMIT])!r}, outside [{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
+    if not W.REFRESH_PROBE_TOL <= fs[W._REFRESH_LIMIT] < 1.0:  # 1: an inverse wrong outright
+        raise ValueError(f"state['fs'] holds the in-walk refresh's probe threshold "
+                         f"{float(fs[W._REFRESH_LIMIT])!r}, outside [{W.REFRESH_PROBE_TOL}, 1)")
+    return fs.copy()
 
 
 def state_floats(state, key, shape):
@@ -120,9 +146,7 @@ def check_state(state, n, m, d, solver):
     spos = state_ints(state, "spos", (n,))
     S = state_ints(state, "S", (m,))
     ist = state_ints(state, "ist", (W.IST_SIZE,))
-    fs = np.asarray(state["fs"], dtype=np.float64)
-    if fs.shape != (W.FS_SIZE,):
-        raise ValueError(f"state['fs'] has shape {fs.shape}, expected ({W.FS_SIZE},)")
+    fs = state["fs"]  # already in this format's layout, its thresholds checked (stored_fs)
     if not (np.isfinite(fs[W._RHO]) and fs[W._C] == solver._fs[W._C]
             and fs[W._INV_SIGMA2] == solver._fs[W._INV_SIGMA2] and fs[W._MIN_PIVOT] > 0.0):
         raise ValueError("state['fs'] disagrees with C and sigma or holds a non-finite rho")
@@ -172,7 +196,6 @@ def export_state(solver, compact=False):
         "audit_every": solver.audit_every,
         "ops_since_audit": solver._ops_since_audit,
         "max_events": solver.max_events,
-        "probe_tol": solver._probe_tol,
         "margin_capacity": int(solver._S.shape[0]),
         "ids": solver._ids[:n].copy(),
         "alpha": solver._alpha[:n].copy(),
@@ -218,7 +241,7 @@ def restore_state(solver_class, state):
     """A new ``solver_class`` holding ``state`` (:func:`export_state` output, any format up to
     STATE_FORMAT), checked by :func:`check_state` before any array is used."""
     version = state.get("format")
-    if version not in (1, 2, STATE_FORMAT):
+    if version not in (1, 2, 3, STATE_FORMAT):
         raise ValueError(f"unknown solver state format {version!r}")
     solver = solver_class(state["C"], state["sigma"],
                           audit_every=state_int(state, "audit_every", 0, INT64_MAX))
@@ -228,8 +251,9 @@ def restore_state(solver_class, state):
     if not 0 <= m <= n:
         raise ValueError(f"state sizes are inconsistent: n={n}, m={m} (need 0 <= m <= n)")
     mcap = max(8, m + 1)
+    fs = stored_fs(state, version)
     if version >= 3:
-        ops, solver.max_events, solver._probe_tol, mcap = steering_fields(state)
+        ops, solver.max_events, mcap = steering_fields(state)
         solver._ops_since_audit = ops
         # at least 8 and never below m; it grows with S but never shrinks with the keys
         if not max(m, 8) <= mcap <= 2**40:
@@ -247,8 +271,10 @@ def restore_state(solver_class, state):
             solver._d = d
             solver._allocate(d=d, cap=16, mcap=mcap)
             solver._ist[:] = ist
+            solver._fs[W._PROBE_LIMIT] = fs[W._PROBE_LIMIT]
         return solver
     compact = "KSt" not in state
+    state = {**state, "fs": fs}
     if compact:
         state = {**state, "spos": margin_positions(state, n, m)}
     check_state(state, n, m, d, solver)

@@ -21,9 +21,12 @@ spos        (cap,) int64       position in the margin list, -1 if not a margin p
 S           (mcap,) int64      margin list (slots), in bordered-system order
 KSt         (mcap, cap)        KSt[p, i] = K'(x_{S[p]}, x_i): the columns K'[:, S], each contiguous
 R           (mcap+1, mcap+1)   inverse of M' = [[0, 1^T], [1, 2 K'_SS]]
-blocked     (cap,) int64       epoch stamp: slot is dependent on the current S (see below)
-fs          (FS_SIZE,)         [rho' = rho + 1, C, 1/sigma^2, smallest pivot of the operation]
-                               (slots ``_RHO``, ``_C``, ``_INV_SIGMA2``, ``_MIN_PIVOT``)
+blocked     (cap,) int64       epoch stamp: slot is dependent on the current S (see below);
+                               ``_TABU``: slot left S while a_c stood still (see walk)
+fs          (FS_SIZE,)         [rho' = rho + 1, C, 1/sigma^2, smallest pivot of the operation,
+                                the probe thresholds of the rest state and of the in-walk
+                                refresh] (slots ``_RHO``, ``_C``, ``_INV_SIGMA2``,
+                               ``_MIN_PIVOT``, ``_PROBE_LIMIT``, ``_REFRESH_LIMIT``)
 ist         (IST_SIZE,) int64  [n, m, anchor slot, epoch, last_left, last_joined,
                                 events, refused joins, current walk's slot and mode, repairs,
                                 event count at the last completed settle (-1: must settle)]
@@ -99,17 +102,33 @@ CONSISTENCY_TOL = 1e-9
 #: Rounding in a step grows like eps / pivot (cancellation in the sensitivities), so below
 #: 1e-5 it could exceed ~1e-12 in f.
 POLISH_PIVOT = 1e-5
-#: ... and so does one whose inverse fails the probe max |R (M 1) - 1| <= PROBE_TOL.
+#: ... and so does one whose inverse fails the probe max |R (M 1) - 1| <= fs[_PROBE_LIMIT], a
+#: threshold that starts at PROBE_TOL ...
 PROBE_TOL = 1e-11
-#: (The solver raises it per problem to 4x the probe of its last fresh factorisation, at most
-#: PROBE_TOL_MAX: at m = 2048 margin keys a freshly factorised inverse itself probes at 1.1e-11,
-#: and a polish that cannot improve the probe would otherwise run after every operation.)
+#: ... and is set after every fresh factorisation to 4x that inverse's own probe (its
+#: rounding floor), within [PROBE_TOL, PROBE_TOL_MAX]: at m = 2048 margin keys a fresh inverse
+#: probes at 1.1e-11, and a polish that cannot improve the probe would otherwise run after
+#: every operation.
 PROBE_TOL_MAX = 1e-9
+#: The in-walk refactorisation after a shrink on a small pivot (:func:`_leave`) runs when the
+#: probe exceeds fs[_REFRESH_LIMIT]: REFRESH_PROBE_TOL (the drift that breaks sum(a) = 1 shows
+#: far above it), raised to 4x the probe of the refactorised inverse after a refresh that did
+#: not improve the probe 4x (it met the inverse's own floor), and back to REFRESH_PROBE_TOL
+#: after one that did and at every polish. Below a fresh inverse's floor a refresh cannot
+#: help: at m = 1,436 keys of a 2-D Gaussian (sigma = 0.1 x the median distance) a fresh
+#: inverse probes at 3.7e-5, and the refresh ran after every shrink, at O(m^3). On collinear
+#: keys the floor falls from 2e-2 to 7e-10 as dependent keys leave S, and each refresh
+#: improves the probe 10-700x: there the rule refreshes as before.
+REFRESH_PROBE_TOL = 1e-9
 #: The rest state asks for a polish again after its relaxation walks when one of them used a
 #: pivot below POLISH_PIVOT (near twins trade places at a pivot of about their Schur
 #: complement: measured 1.1e-11, whose rounding left f off a fresh evaluation by 1.3e-7
 #: unseen); at most this many polishes per operation.
 SETTLE_POLISHES = 3
+
+#: ``blocked`` stamp of a slot that left S in a stretch of steps that did not move a_c; it may
+#: not rejoin S until a_c moves (:func:`walk`, anti-cycling). Epoch stamps are >= 0.
+_TABU = -2
 
 # ist indices
 _N, _M, _ANCHOR, _EPOCH, _LAST_LEFT, _LAST_JOINED, _EVENTS, _REFUSED = 0, 1, 2, 3, 4, 5, 6, 7
@@ -121,7 +140,9 @@ _RHO = 0  # rho' = rho + 1: the offset of the shifted kernel's gradients, g = 2 
 _C = 1  # the box constraint C
 _INV_SIGMA2 = 2  # 1 / sigma^2
 _MIN_PIVOT = 3  # smallest pivot (Schur complement) of the operation so far; inf at rest
-FS_SIZE = 4
+_PROBE_LIMIT = 4  # the rest state's probe threshold, calibrated on the last fresh factorisation
+_REFRESH_LIMIT = 5  # the in-walk refresh's probe threshold (REFRESH_PROBE_TOL or its own floor)
+FS_SIZE = 6
 
 # event kinds
 _EV_NONE = 0
@@ -392,12 +413,13 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
     ist[_LAST_LEFT] = j
     ist[_EPOCH] += 1  # S shrank: points blocked as dependent on the old S may enter again
     if fs[_MIN_PIVOT] < POLISH_PIVOT and m > 1:
-        refresh_inverse_if_drifted(R, m - 1, S, KSt)
+        refresh_inverse_if_drifted(R, m - 1, S, KSt, fs)
 
 
 @njit
-def refresh_inverse_if_drifted(R, m, S, KSt):
-    """Refactorise R from K'_SS when it fails the inverse probe (O(m^2), O(m^3) to refresh).
+def refresh_inverse_if_drifted(R, m, S, KSt, fs):
+    """Refactorise R from K'_SS when its probe exceeds fs[_REFRESH_LIMIT] (O(m^2), O(m^3) to
+    refresh), and set that threshold from the result (REFRESH_PROBE_TOL in the table above).
 
     Called after a shrink of an operation that used a small pivot. The rank-one downdate
     subtracts entries of size ~1 / pivot, so R can lose ~eps / pivot of absolute accuracy -
@@ -405,9 +427,8 @@ def refresh_inverse_if_drifted(R, m, S, KSt):
     apart during warm-up). A factorised inverse solves the border row (the sum) to rounding.
     """
     w = np.empty(m + 1)
-    # PROBE_TOL_MAX, not PROBE_TOL: drift that breaks the sum shows far above it, while on a
-    # large margin set the probe's own rounding floor can exceed PROBE_TOL (O(m^3) per shrink)
-    if inverse_probe_residual(R, m, S, KSt, w, w) <= PROBE_TOL_MAX:
+    before = inverse_probe_residual(R, m, S, KSt, w, w)
+    if before <= fs[_REFRESH_LIMIT]:
         return
     M = np.zeros((m + 1, m + 1))
     for p in range(m):
@@ -419,6 +440,20 @@ def refresh_inverse_if_drifted(R, m, S, KSt):
     for i in range(m + 1):
         for j in range(m + 1):
             R[i, j] = fresh[i, j]
+    # a refresh that did not improve the probe 4x met the fresh inverse's own floor: the next
+    # ones wait for drift above it; one that did goes back to REFRESH_PROBE_TOL
+    floor = inverse_probe_residual(R, m, S, KSt, w, w)
+    fs[_REFRESH_LIMIT] = REFRESH_PROBE_TOL if 4.0 * floor <= before else 4.0 * floor
+
+
+@njit
+def calibrate_probe(R, m, S, KSt, w, fs):
+    """After a fresh factorisation R: the rest state's probe threshold fs[_PROBE_LIMIT] = 4x
+    R's own probe (the factorisation's rounding floor) within [PROBE_TOL, PROBE_TOL_MAX], and
+    the in-walk refresh's back to REFRESH_PROBE_TOL. ``w``: scratch, length >= m + 1."""
+    floor = inverse_probe_residual(R, m, S, KSt, w, w)
+    fs[_PROBE_LIMIT] = min(PROBE_TOL_MAX, max(PROBE_TOL, 4.0 * floor))
+    fs[_REFRESH_LIMIT] = REFRESH_PROBE_TOL
 
 
 @njit
@@ -481,8 +516,12 @@ def walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
     With S empty only rho moves (every g shifts by d rho): up when c gains mass, until c or an
     error point reaches g = 0; down when c loses mass, until a reserve point (or, relaxing, c)
     does. Ties: the smallest step wins, equal steps go to the smallest id, the moving point's
-    own events last. A point may not leave S by a zero-length step right after entering, nor
-    re-enter by a zero-length step right after leaving (anti-cycling). A point whose Schur
+    own events last. Anti-cycling: a point may not leave S by a zero-length step right after
+    entering, and a point that left S while a_c stood still (a step that did not change a_c
+    in floating point) may not rejoin S until a_c moves; when that leaves no admissible event
+    the ban is lifted. Without the ban a degenerate vertex can cycle through three keys at
+    step length 0 (join i, leave j, join k, leave i, join j, leave k, ...; seen on 3,000 2-D
+    Gaussian keys at sigma = 0.1 x the median distance). A point whose Schur
     complement is below :func:`kappa_floor` never enters S (it is marked dependent until S
     shrinks).
     """
@@ -491,6 +530,7 @@ def walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
     ist[_LAST_LEFT] = -1
     ist[_LAST_JOINED] = -1
     ist[_EPOCH] += 1
+    _lift_tabu(blocked, ist[_N])
     if status[c] != MOVING or alpha[c] == 0.0:
         if _start(c, mode, alpha, grad, status, spos, S, KSt, R, fs, ist):
             ist[_CUR_C] = -1
@@ -520,6 +560,17 @@ def walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
 
 
 _CONTINUE = -1
+
+
+@njit
+def _lift_tabu(blocked, n):
+    """Clear every ``_TABU`` stamp; returns how many there were."""
+    count = 0
+    for i in range(n):
+        if blocked[i] == _TABU:
+            blocked[i] = -1
+            count += 1
+    return count
 
 
 @njit
@@ -633,6 +684,8 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
         st = status[i]
         if st == MARGIN or st == MOVING or blocked[i] == epoch:
             continue
+        if blocked[i] == _TABU:
+            continue  # anti-cycling: left S while a_c stood still
         dg = sign * gam[i]
         if st == ERROR:
             if dg <= SENS_TOL:
@@ -645,10 +698,16 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
         if _better(t, ids[i], tbest, tiebest):
             tbest, tiebest, kind, who = t, ids[i], _EV_JOIN, i
     if kind == _EV_NONE:
+        if _lift_tabu(blocked, n) > 0:
+            return _CONTINUE  # the ban left nothing admissible: lifted, choose again
         return NO_EVENT
     # take the step
     st = sign * tbest
+    before = alpha[c]
     alpha[c] += st
+    still = alpha[c] == before
+    if not still:
+        _lift_tabu(blocked, n)
     fs[_RHO] += st * beta[0]
     for p in range(m):
         alpha[S[p]] += st * beta[p + 1]
@@ -665,11 +724,11 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
                 bk[i] = beta[i]  # c's own S-sensitivities; its Schur complement is gamma_c
         return _finish_own(c, kind, alpha, grad, status, spos, S, KSt, R, kc, bk, gam[c], Xt, fs,
                            ist)
-    if kind == _EV_S_TO_R:
-        _leave(who, RESERVE, alpha, grad, status, spos, S, KSt, R, fs, ist)
-        return _CONTINUE
-    if kind == _EV_S_TO_E:
-        _leave(who, ERROR, alpha, grad, status, spos, S, KSt, R, fs, ist)
+    if kind == _EV_S_TO_R or kind == _EV_S_TO_E:
+        _leave(who, RESERVE if kind == _EV_S_TO_R else ERROR, alpha, grad, status, spos, S,
+               KSt, R, fs, ist)
+        if still:
+            blocked[who] = _TABU
         return _CONTINUE
     kappa = _schur(m, S, KSt, R, who, bk, vbuf)
     if kappa < kappa_floor(m, R, vbuf, kappa, ist[_ANCHOR]):
