@@ -54,6 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_model  # noqa: E402
 
+from svtoolkit.experiments.record import git_state  # noqa: E402
 from svtoolkit.torch import TinyLM  # noqa: E402
 from svtoolkit.torch.threads import set_threads  # noqa: E402
 
@@ -244,6 +245,7 @@ def environment(threads: int, device: str = "cpu") -> dict:
         "gpu": gpu,
         "cuda": torch.version.cuda if device == "cuda" else None,
         "load_average_1_5_15min": os.getloadavg(),
+        "git": git_state(Path(__file__).resolve().parent),
     }
 
 

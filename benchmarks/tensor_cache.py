@@ -50,6 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_model  # noqa: E402
 
+from svtoolkit.experiments.record import git_state  # noqa: E402
 from svtoolkit.torch.layers import (  # noqa: E402
     InfiniAttention,
     SlidingWindowAttention,
@@ -75,6 +76,7 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "torch_num_threads": torch.get_num_threads(),
         "load_average_1_5_15min": os.getloadavg(),
+        "git": git_state(Path(__file__).resolve().parent),
     }
 
 

@@ -49,6 +49,16 @@ def _entry(**kw):
 RESULT = {"rows": [{"mean": 0.95, "ci": [0.93, 0.97]}], "record": {"git": {"commit": "abc123"}}}
 
 
+@pytest.mark.parametrize("record", [{"machine": {"git": {"commit": "abc123"}}},
+                                    {"environment": {"git": {"commit": "abc123"}}}])
+def test_a_benchmarks_run_record_names_the_commit_too(tmp_path, record):
+    """The benchmarks keep the commit in ``machine`` or ``environment``, not ``record``."""
+    result = {"rows": RESULT["rows"], **record}
+    root = _tree(tmp_path, [_entry()], result)
+    assert ledger.main(["--root", str(root)]) == 0
+    assert ledger.load(root)[0]["source_commit"] == "abc123"
+
+
 def test_refresh_reads_the_measured_value_and_writes_both_documents(tmp_path):
     root = _tree(tmp_path, [_entry()], RESULT)
     assert ledger.main(["--root", str(root), "--check"]) == 1  # measured not filled in yet
