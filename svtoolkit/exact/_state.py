@@ -106,7 +106,8 @@ def stored_fs(state, version):
         return fs
     if not W.PROBE_TOL <= fs[W._PROBE_LIMIT] <= W.PROBE_TOL_MAX:
         raise ValueError(f"state['fs'] holds the rest state's probe threshold "
-                         f"{float(fs[W._PROBE_LIMIT])!r}, outside [{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
+                         f"{float(fs[W._PROBE_LIMIT])!r}, outside "
+                         f"[{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
     if not W.REFRESH_PROBE_TOL <= fs[W._REFRESH_LIMIT] < 1.0:  # 1: an inverse wrong outright
         raise ValueError(f"state['fs'] holds the in-walk refresh's probe threshold "
                          f"{float(fs[W._REFRESH_LIMIT])!r}, outside [{W.REFRESH_PROBE_TOL}, 1)")
@@ -271,7 +272,8 @@ def restore_state(solver_class, state):
             solver._d = d
             solver._allocate(d=d, cap=16, mcap=mcap)
             solver._ist[:] = ist
-            solver._fs[W._PROBE_LIMIT] = fs[W._PROBE_LIMIT]
+            limits = [W._PROBE_LIMIT, W._REFRESH_LIMIT]
+            solver._fs[limits] = fs[limits]
         return solver
     compact = "KSt" not in state
     state = {**state, "fs": fs}
