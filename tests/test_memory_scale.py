@@ -31,7 +31,9 @@ from svtoolkit.memory import (
     MemoryFileError,
     verify_receipt,
 )
-from svtoolkit.memory._audit import AUDIT_PERIOD, MAX_STRIDE, MIN_KEYS, RollingAudit, schedule
+import svtoolkit.memory._audit as audit_module
+from svtoolkit.memory._audit import (AUDIT_PERIOD, AUDIT_WORK, MAX_STRIDE, MIN_KEYS,
+                                     RollingAudit, schedule)
 from svtoolkit.memory._codec import non_canonical_values
 from svtoolkit.memory._signing import receipt_mac
 from svtoolkit.memory._table import RecordTable, record_leaf
@@ -251,6 +253,41 @@ def test_the_schedule_covers_every_key_and_column_within_one_period(n, m):
         assert keys >= min(n, MIN_KEYS)
     if size:
         assert stride * (-(-size // columns) - 1) + 1 <= AUDIT_PERIOD
+
+
+@pytest.mark.parametrize("n, m, support, d", [(150, 40, 60, 3), (2000, 300, 600, 384),
+                                              (10**4, 16, 3006, 384), (10**5, 17, 30006, 16),
+                                              (10**5, 5, 10**5, 384)])
+def test_a_slice_costs_at_most_the_audit_work_per_operation_and_still_cycles(n, m, support, d):
+    """Where the period's slice would cost more than AUDIT_WORK multiply-adds per operation,
+    it checks fewer keys (at least one): the cost per change is bounded, the cycle longer."""
+    work = support * d
+    stride, keys, columns = schedule(n, m, work)
+    assert (stride, columns) == schedule(n, m)[::2]  # only the keys per slice change
+    assert 1 <= keys <= schedule(n, m)[1]
+    assert keys * work <= max(AUDIT_WORK * stride, work)  # one key always fits
+    if keys < schedule(n, m)[1]:  # capped: the most that fit
+        assert (keys + 1) * work > AUDIT_WORK * stride
+    else:
+        assert stride * (-(-n // keys) - 1) + 1 <= AUDIT_PERIOD
+
+
+def test_the_large_support_that_made_a_change_slow_gets_slices_of_twenty_keys():
+    # 10^5 records, 30,006 of them in the support, d = 16: 100 keys per slice cost 22 ms
+    assert schedule(10**5, 17, 30006 * 16) == (1, 20, 4)  # every key within 5,000 operations
+    assert schedule(10**5, 17, 327 * 16) == (1, 100, 4)  # a small support: the period's slice
+
+
+def test_a_slice_checks_what_the_support_allows(monkeypatch):
+    """The slice reads the support and the dimension from the solver it audits."""
+    mem, _ = built(14, n=150)
+    solver = mem._solver
+    work = solver.support_size * solver.n_features
+    assert solver.support_size == len(solver.margin_ids) + len(solver.error_ids) > 0
+    monkeypatch.setattr(audit_module, "AUDIT_WORK", work // 8)  # an eighth of a key each
+    stride = schedule(150, len(solver.margin_ids))[0]
+    found = RollingAudit().slice(solver, repair=False)
+    assert found["gradients_checked"] == (work // 8) * stride // work < MIN_KEYS
 
 
 def test_small_memories_take_a_slice_every_stride_operations_and_large_ones_every_one():

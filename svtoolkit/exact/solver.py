@@ -535,6 +535,15 @@ class IncrementalSVDD(WalkDriver):
         return self._d
 
     @property
+    def support_size(self):
+        """Keys with a > 0 (the margin and error sets): the kernel terms of one decision value
+        (the warm-up anchor is not a key and not counted)."""
+        count = int(np.count_nonzero(self._alpha[: self._n]))
+        if self._anchor >= 0 and self._alpha[self._anchor] != 0.0:
+            count -= 1
+        return count
+
+    @property
     def ids(self):
         """ndarray of shape (n,): live ids in insertion order."""
         return self._ids[self._order()].copy()
