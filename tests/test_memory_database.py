@@ -208,3 +208,31 @@ def test_the_database_says_what_it_is(tmp_path):
     assert D.is_signed_store(path)
     assert not D.is_database(tmp_path / "absent.svtk")
     assert os.stat(path).st_mode & 0o077 == 0  # readable by its owner only
+
+
+@pytest.mark.parametrize("d, expected", [(8, 4096), (120, 4096), (121, 8192), (384, 16384),
+                                         (768, 32768), (4096, 65536)])
+def test_the_page_size_holds_several_records(d, expected):
+    assert D.page_size(8 * d) == expected
+
+
+def test_wide_keys_fill_their_pages(tmp_path):
+    """d = 384: on SQLite's default 4 KiB page a record (a 3 KiB key) left a quarter of its
+    page empty (41.5 MB for 10^4 records of 32.7 MB content); 16 KiB pages hold five."""
+    path = tmp_path / "m.svtk"
+    n, d = 600, 384
+    X = np.random.default_rng(3).standard_normal((n, d))
+    mem = ForgettableMemory(sigma=30.0, nu=0.3, n0=n)
+    mem.extend(X, list(range(n)), record_ids=[f"r{i}" for i in range(n)])
+    mem.save(path)
+    header = path.read_bytes()[:100]
+    assert int.from_bytes(header[16:18], "big") == 16384  # the page size field
+    content = n * 8 * d  # the keys alone
+    slots = n * (8 + 8 + 8 + 1)  # ids, alpha, grad, status
+    # 5 records of 3,072 + ~40 bytes fill 15.6 KB of a 16 KB page (95 %); the rest: a few
+    # pages of metadata, the id index and the slot blocks
+    assert path.stat().st_size <= 1.1 * (content + slots) + 16 * 16384
+    mem.forget("r5")
+    mem.save(path)
+    loaded = ForgettableMemory.load(path)
+    assert loaded.state_digest() == mem.state_digest() and "r5" not in loaded
