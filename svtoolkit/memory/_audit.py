@@ -20,10 +20,10 @@ than ``AUDIT_WORK`` multiply-adds per operation (large memories with a large sup
 against 30,006 support records of d = 16 took 22 ms, more than the rest of the change), a
 slice checks ``floor(AUDIT_WORK stride / (|support| d))`` keys (at least one) and the cycle
 grows past ``AUDIT_PERIOD`` instead: the audit's cost per change stays bounded and the
-guarantee becomes "within ``stride ceil(n / keys)`` operations". Every slice also compares rho with the rho a fresh solve would report, which
-differs from the maintained one only while no margin key is free (rho is then optimal anywhere
-in an interval, and a fresh solve reports its midpoint; O(n) from the maintained gradients that
-the slices check). A slice whose drift or rho offset exceeds the solver's own audit thresholds
+guarantee becomes "within ``stride ceil(n / keys)`` operations". Every slice also compares rho
+with the rho a fresh solve would report, which differs from the maintained one only while no
+margin key is free (rho is then optimal anywhere in an interval, and a fresh solve reports its
+midpoint; O(n) from the maintained gradients that the slices check). A slice whose drift or rho offset exceeds the solver's own audit thresholds
 triggers the full audit, which refactorises (the repair a periodic audit would make).
 """
 
