@@ -23,8 +23,9 @@ grows past ``AUDIT_PERIOD`` instead: the audit's cost per change stays bounded a
 guarantee becomes "within ``stride ceil(n / keys)`` operations". Every slice also compares rho
 with the rho a fresh solve would report, which differs from the maintained one only while no
 margin key is free (rho is then optimal anywhere in an interval, and a fresh solve reports its
-midpoint; O(n) from the maintained gradients that the slices check). A slice whose drift or rho offset exceeds the solver's own audit thresholds
-triggers the full audit, which refactorises (the repair a periodic audit would make).
+midpoint; O(n) from the maintained gradients that the slices check). A slice whose drift or
+rho offset exceeds the solver's own audit thresholds triggers the full audit, which
+refactorises (the repair a periodic audit would make).
 """
 
 from __future__ import annotations

@@ -73,10 +73,10 @@ TOMB_BLOCK = 64
 SLOT_ARRAYS = {"ids": "<i8", "alpha": "<f8", "grad": "<f8", "status": "|i1"}
 #: The solver's small arrays (margin list, bordered inverse, scalars) and their dtypes.
 SMALL_ARRAYS = {"S": "<i8", "R": "<f8", "fs": "<f8", "ist": "<i8"}
-#: Records a page of a new database is sized to hold (:func:`page_size`; fewer past 64 KiB). SQLite keeps a row whole
-#: on one leaf page and leaves the rest of the page empty, so on its default 4 KiB page a
-#: record of d = 384 (a 3 KiB key) filled three quarters of a page: 41.5 MB for 10^4 records
-#: whose content is 32.7 MB.
+#: Records a page of a new database is sized to hold (:func:`page_size`; fewer past 64 KiB).
+#: SQLite keeps a row whole on one leaf page and leaves the rest of the page empty, so on its
+#: default 4 KiB page a record of d = 384 (a 3 KiB key) filled three quarters of a page:
+#: 41.5 MB for 10^4 records whose content is 32.7 MB.
 RECORDS_PER_PAGE = 4
 #: Bytes of a record row besides its key (id, value, SQLite's cell and row headers), for
 #: :func:`page_size`: ids and values are usually short; a longer one only packs less well.
