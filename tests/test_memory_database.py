@@ -232,7 +232,9 @@ def test_wide_keys_fill_their_pages(tmp_path):
     # 5 records of 3,072 + ~40 bytes fill 15.6 KB of a 16 KB page (95 %); the rest: a few
     # pages of metadata, the id index and the slot blocks
     assert path.stat().st_size <= 1.1 * (content + slots) + 16 * 16384
+    assert files_holding(tmp_path, X[5].astype("<f8").tobytes()) == ["m.svtk"]
     mem.forget("r5")
     mem.save(path)
+    assert files_holding(tmp_path, X[5].astype("<f8").tobytes()) == []  # erased on big pages
     loaded = ForgettableMemory.load(path)
     assert loaded.state_digest() == mem.state_digest() and "r5" not in loaded
