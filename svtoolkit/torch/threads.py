@@ -18,8 +18,10 @@ def set_threads(n: int):
       hang (pytorch/pytorch#142815). k >= 2 is therefore applied through threadpoolctl
       (``omp_set_num_threads`` and the BLAS setter), which does not trigger it; k = 1 through
       torch.
-    * Numba and torch share the OpenMP runtime and Numba's first parallel launch resets the
-      process-wide OpenMP thread count to its own, so Numba's count is set too.
+    * Numba's parallel kernels (the batched path's fused FISTA) run on Numba's own pool: its
+      ``omp`` threading layer loads the system libgomp, a runtime separate from the one in
+      torch's wheel, whose thread count does not follow torch's. So Numba's count is set too
+      (docs/design.md, "Thread pools").
 
     Parameters
     ----------
