@@ -214,9 +214,16 @@ def unsupported_dtype(layer_name, x_dtype, weight_dtype):
 
 
 def bucket_width(n_margin, n):
-    """Padded size of one problem's margin block in the batched solve: the next power of two
-    ``>= |S|`` (and >= 1), at most n. It depends on the problem's own |S| only."""
-    return min(1 << max(int(n_margin) - 1, 0).bit_length(), n)
+    """Padded size of one problem's margin block in the batched solve, at most n: the smallest
+    ``m 2^e >= |S|`` with m in {4, 5, 6, 7} (every size up to 8 is its own width).
+
+    Quarter-octave steps pad a block by at most 1.25x (an LU by at most 1.95x) where the
+    next power of two could double it, and keep the number of distinct widths, so of batched
+    calls, at four per octave. It depends on the problem's own |S| only.
+    """
+    size = max(int(n_margin), 1)
+    step = 1 << max(size.bit_length() - 3, 0)  # a quarter of the octave below size
+    return min(-(-size // step) * step, n)
 
 
 # --------------------------------------------------------------------------------------------

@@ -403,6 +403,62 @@ def test_ridged_result_does_not_depend_on_other_problems(backend, gaussian_probl
         np.testing.assert_allclose(second[[0, 2]], first[[0, 2]], rtol=0, atol=backend.tol["other"])
 
 
+def test_problems_on_shared_grams_equal_problems_on_copies(backend, gaussian_problems):
+    """``groups=``: problems posed on K[groups[i]] give what the same problems give on copied
+    Gram matrices (values; in torch also the gradient, summed over the copies)."""
+    grams, _ = gaussian_problems
+    K, mask = _pack(grams, 40)
+    groups = np.array([0, 0, 1, 2, 2, 1, 2])
+    rng = np.random.default_rng(SEED + 10)
+    masks = mask[groups].copy()
+    for i, m in enumerate((24, 16, 31, 40, 28, 20, 12)):
+        masks[i, m:] = False
+    margin, error = np.zeros_like(masks), np.zeros_like(masks)
+    for i in range(len(groups)):
+        inside = np.flatnonzero(masks[i])
+        picked = rng.permutation(inside)
+        margin[i, picked[: len(inside) // 2]] = True
+        error[i, picked[-1]] = True
+    args = [backend.array(a) for a in (margin, error)]
+    copied = backend.array(K[groups])
+    shared = backend.array(K)
+    if backend.framework == "torch":
+        copied.requires_grad_()
+        shared.requires_grad_()
+    out_copied = backend.api.ridged_svdd_solve(copied, C_SHARED, *args,
+                                               mask=backend.array(masks))
+    out_shared = backend.api.ridged_svdd_solve(shared, C_SHARED, *args,
+                                               mask=backend.array(masks),
+                                               groups=backend.lib.tensor(groups)
+                                               if backend.framework == "torch"
+                                               else backend.lib.array(groups))
+    assert backend.numpy(out_shared[2]).all()
+    for a, b in zip(out_copied, out_shared, strict=True):
+        np.testing.assert_allclose(backend.numpy(b), backend.numpy(a), rtol=0,
+                                   atol=backend.tol["other"])
+    if backend.framework == "torch":
+        weights = backend.array(rng.normal(size=masks.shape))
+        for alpha, rho, _ in (out_copied, out_shared):
+            ((alpha * weights).sum() + (rho * rho).sum()).backward()
+        summed = np.zeros_like(K)
+        np.add.at(summed, groups, backend.numpy(copied.grad))
+        np.testing.assert_allclose(backend.numpy(shared.grad), summed, rtol=0,
+                                   atol=backend.tol["other"] * max(1.0, np.abs(summed).max()))
+
+
+def test_groups_are_checked(backend, gaussian_problems):
+    grams, _ = gaussian_problems
+    K, mask = _pack(grams, 40)
+    none = backend.array(np.zeros((2, 40), dtype=bool))
+    make = backend.lib.tensor if backend.framework == "torch" else backend.lib.array
+    with pytest.raises(ValueError, match="groups must index K's first axis, 0 .. 2"):
+        backend.api.ridged_svdd_solve(backend.array(K), C_SHARED, none, none,
+                                      groups=make(np.array([0, 3])))
+    with pytest.raises(TypeError, match="groups must be a 1-d integer"):
+        backend.api.ridged_svdd_solve(backend.array(K), C_SHARED, none, none,
+                                      groups=make(np.array([0.0, 1.0])))
+
+
 def _invalid_batch():
     """Rows: valid, warm-up, empty margin set, |E| C > 1, exact duplicate keys both in S."""
     rng = np.random.default_rng(SEED + 7)
@@ -636,14 +692,32 @@ for g in range(6):
     a_ref, r_ref = nb.ridged_solve(K[g], C, np.flatnonzero(margin[g]), np.flatnonzero(error[g]),
                                    1e-3)
     worst = max(worst, float(np.abs(alpha[g].numpy() - a_ref).max()), abs(float(rho[g]) - r_ref))
-print(bool(valid.all()), worst)
+# the backward on the same one-matrix path: directional derivatives by central differences
+Kt = torch.tensor(K, requires_grad=True)
+w = torch.tensor(rng.standard_normal((6, 200)))
+
+def loss(K):
+    alpha, rho, _ = ridged_svdd_solve(K, C, torch.tensor(margin), torch.tensor(error), ridge=1e-3)
+    return (alpha * w).sum() + (rho * rho).sum()
+
+loss(Kt).backward()
+worst_grad = 0.0
+for _ in range(2):
+    D = torch.tensor(rng.standard_normal(K.shape))
+    h = 1e-6
+    with torch.no_grad():
+        numeric = (loss(Kt + h * D) - loss(Kt - h * D)) / (2 * h)
+    error_d = abs(float((Kt.grad * D).sum() - numeric)) / max(1.0, abs(float(numeric)))
+    worst_grad = max(worst_grad, error_d)
+print(bool(valid.all()), worst, worst_grad)
 """
 
 
 def test_ridged_solve_survives_the_torch_thread_bug(tmp_path):
     """After torch.set_num_threads(2), torch 2.13's batched CPU LU returns wrong solutions
-    (or raises) for systems larger than ~150; the ridged solve checks every residual and
-    re-solves failing rows one at a time. Run in a subprocess: the bad state is global."""
+    (or raises) for systems larger than ~150; the ridged solve factorises such systems one at
+    a time (and checks every residual), in the forward and in the backward's adjoint solves.
+    Run in a subprocess: the bad state is global."""
     pytest.importorskip("torch")
     import subprocess
     import sys
@@ -653,8 +727,11 @@ def test_ridged_solve_survives_the_torch_thread_bug(tmp_path):
     script.write_text(_THREAD_BUG_SCRIPT)
     out = subprocess.run([sys.executable, str(script), str(Path(__file__).parent)],
                          capture_output=True, text=True, timeout=300, check=True)
-    valid, worst = out.stdout.split()[-2:]
+    valid, worst, worst_grad = out.stdout.split()[-3:]
     assert valid == "True" and float(worst) <= 1e-10
+    # central differences at h = 1e-6: rounding eps |L| / h ~ 1e-10 |L|, amplified by the
+    # ridged system's conditioning (ridge 1e-3); a wrong adjoint is off by O(1)
+    assert float(worst_grad) <= 1e-6
 
 
 # --------------------------------------------------------------------------------------------

@@ -393,37 +393,97 @@ def _check_partition(margin_mask, error_mask, mask):
         raise ValueError("margin_mask and error_mask overlap; a key is in one set only")
 
 
-def _bucket_width(n_margin, n):
-    """Next power of two >= |S| (>= 1), at most n: each problem's own padded margin size."""
+def _bucket_widths(n_margin, n):
+    """Each problem's own padded margin size (:func:`svtoolkit._gate_core.bucket_width`)."""
     return [bucket_width(k, n) for k in n_margin.tolist()]
 
 
-def _pack_margin(margin_mask, width):
-    """Per row, the margin keys first (ascending index), then the rest, cut to ``width``."""
-    n = margin_mask.shape[-1]
+def _first_of(member, width):
+    """Per row, the indices where ``member`` is True first (ascending), then the rest, cut to
+    ``width``; and ``slot`` (B, width), True on the member positions."""
+    n = member.shape[-1]
     index = mx.arange(n)[None, :]
-    order = mx.argsort(mx.where(margin_mask, index, index + n), axis=-1)[:, :width]
-    slot = mx.arange(width)[None, :] < mx.sum(margin_mask, axis=-1)[:, None]
+    order = mx.argsort(mx.where(member, index, index + n), axis=-1)[:, :width]
+    slot = mx.arange(width)[None, :] < mx.sum(member, axis=-1)[:, None]
     return order, slot
 
 
-def _bordered_system(K, rows, order, slot, error_mask, C, ridge):
-    """M~ = [[0, 1^T], [1, 2 K_SS + ridge I]] and c = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]."""
-    B, width = order.shape
-    dtype = K.dtype
-    slot_f = slot.astype(dtype)
-    K_S = K[rows[:, None], order]  # (B, w, n): margin rows of K
-    K_SS = mx.take_along_axis(K_S, order[:, None, :], axis=2)
-    pair = slot_f[:, :, None] * slot_f[:, None, :]
+def _check_groups(groups, K):
+    """The Gram of each problem (default: problem g on K[g]), as torch checks it."""
+    if groups is None:
+        return mx.arange(K.shape[0])
+    if (not isinstance(groups, mx.array) or groups.ndim != 1
+            or groups.dtype not in (mx.int32, mx.int64)):
+        raise TypeError("groups must be a 1-d integer mlx array (one Gram index per problem)")
+    if groups.size and (int(mx.min(groups).item()) < 0
+                        or int(mx.max(groups).item()) >= K.shape[0]):
+        raise ValueError(f"groups must index K's first axis, 0 .. {K.shape[0] - 1}")
+    return groups.astype(mx.int64)
+
+
+def _check_finite_on_masks(K, groups, mask):
+    """Raise if a problem's Gram has NaN or inf on its masked entries."""
+    K = mx.stop_gradient(K)
+    if _all_finite(K):
+        return
+    bad = ~mx.isfinite(K)
+    for i in range(groups.size):
+        pair = mask[i][:, None] & mask[i][None, :]
+        if bool(mx.any(bad[groups[i].item()] & pair).item()):
+            raise ValueError("K contains NaN or inf on the masked entries")
+
+
+class _Bucket:
+    """The problems ``rows`` of one padded margin width: margin keys ``order`` (B, w) with
+    ``slot``, error keys ``e_order`` (B, e) with ``e_slot``."""
+
+    def __init__(self, rows, width, margin_mask, error_mask):
+        self.rows = rows
+        self.order, self.slot = _first_of(margin_mask[rows], width)
+        n_errors = int(mx.max(mx.sum(error_mask[rows], axis=-1)).item())
+        self.e_order, self.e_slot = _first_of(error_mask[rows], max(n_errors, 1))
+
+    def flat_index(self, groups, n):
+        """Flat indices into K of this bucket's K_SS (B, w, w) and K_SE (B, w, e) entries."""
+        base = groups[self.rows][:, None, None] * (n * n) + self.order[:, :, None] * n
+        return ((base + self.order[:, None, :]).reshape(-1),
+                (base + self.e_order[:, None, :]).reshape(-1))
+
+
+def _gather_blocks(K, groups, buckets):
+    """K_SS and K_SE of every bucket, read from K in one gather (one scatter-add backward)."""
+    if not buckets:
+        return []
+    n = K.shape[-1]
+    parts = [index for bucket in buckets for index in bucket.flat_index(groups, n)]
+    cuts, total = [], 0
+    for p in parts[:-1]:
+        total += p.size
+        cuts.append(total)
+    values = mx.split(mx.take(K.reshape(-1), mx.concatenate(parts)), cuts)
+    blocks = []
+    for bucket, K_SS, K_SE in zip(buckets, values[0::2], values[1::2]):
+        B, w = bucket.order.shape
+        blocks.append((K_SS.reshape(B, w, w), K_SE.reshape(B, w, bucket.e_order.shape[1])))
+    return blocks
+
+
+def _bordered_system(K_SS, K_SE, bucket, C, ridge):
+    """M~ = [[0, 1^T], [1, 2 K_SS + ridge I]] and c = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]
+    (padding slots: identity rows, zero right-hand side; their entries discarded by where)."""
+    B, width = bucket.order.shape
+    dtype = K_SS.dtype
+    zero = mx.zeros((), dtype=dtype)
+    slot, slot_f = bucket.slot, bucket.slot.astype(dtype)
+    K_SS = mx.where(slot[:, :, None] & slot[:, None, :], K_SS, zero)
+    K_SE = mx.where(slot[:, :, None] & bucket.e_slot[:, None, :], K_SE, zero)
     eye = mx.eye(width, dtype=dtype)
-    block = 2.0 * K_SS * pair + eye * ((1.0 - slot_f) + ridge * slot_f)[:, None, :]
+    block = 2.0 * K_SS + eye * ((1.0 - slot_f) + ridge * slot_f)[:, None, :]
     top = mx.concatenate([mx.zeros((B, 1, 1), dtype=dtype), slot_f[:, None, :]], axis=2)
     M = mx.concatenate([top, mx.concatenate([slot_f[:, :, None], block], axis=2)], axis=1)
-    err_f = error_mask.astype(dtype)
-    K_SE_1 = mx.sum(K_S * err_f[:, None, :], axis=-1)
     diag_S = mx.diagonal(K_SS, axis1=1, axis2=2)
-    c_top = 1.0 - C * mx.sum(err_f, axis=-1, keepdims=True)
-    c = mx.concatenate([c_top, (diag_S - 2.0 * C * K_SE_1) * slot_f], axis=1)
+    c_top = 1.0 - C * mx.sum(bucket.e_slot.astype(dtype), axis=-1, keepdims=True)
+    c = mx.concatenate([c_top, diag_S - 2.0 * C * mx.sum(K_SE, axis=-1)], axis=1)
     return M, c
 
 
@@ -473,43 +533,56 @@ def _solve_where(M, c, valid):
     return u, mx.all(mx.isfinite(mx.stop_gradient(u)), axis=-1)
 
 
-def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
+def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None, groups=None):
     """Ridged bordered KKT solve over given partitions, differentiable by ``mx.grad`` (eq. 6).
 
     Same contract as :func:`svtoolkit.torch.ridged_svdd_solve`::
 
         [[0, 1^T], [1, 2 K_SS + ridge I]] [rho; alpha_S] = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]
 
+    ``groups`` (G',) int, optional: problem i is posed on ``K[groups[i]]`` (default: problem g
+    on K[g]); the masks are then (G', n).
+
     Returns
     -------
-    alpha : mlx.core.array of shape (G, n)
+    alpha : mlx.core.array of shape (G', n)
         ``alpha_S`` from the solve, ``alpha_E = C``, 0 elsewhere and on invalid problems.
-    rho : mlx.core.array of shape (G,)
+    rho : mlx.core.array of shape (G',)
         Multiplier of ``sum(alpha) = 1`` (``g_i = 2 (K alpha)_i - K_ii + rho``); 0 if invalid.
-    valid : mlx.core.array of shape (G,), bool
+    valid : mlx.core.array of shape (G',), bool
         False for warm-up (``m C < 1 - 1e-12``), empty margin set, ``|E| C > 1 + 1e-12``, or
         a singular / non-finite system. Invalid rows are solved as identity systems (no NaN
-        anywhere). No problems (G = 0) or no keys (n = 0): empty or all-invalid outputs.
+        anywhere). No problems (G' = 0) or no keys (n = 0): empty or all-invalid outputs.
     """
     _check_float_array(K, "K", 3, "(G, n, n)")
     C = check_box(C)
     ridge = check_ridge(ridge)
-    K, mask = _check_gram(K, mask)
-    if K.size == 0:
+    G, n, n2 = K.shape
+    if n != n2:
+        raise ValueError(f"K must have shape (G, n, n); got {tuple(K.shape)}")
+    groups = _check_groups(groups, K)
+    mask = _check_mask(mask, (groups.size, n))
+    if K.size == 0 or groups.size == 0:
         return _empty_solution(K, margin_mask, error_mask, mask)
+    _check_finite_on_masks(K, groups, mask)
     _check_partition(margin_mask, error_mask, mask)
     n_margin = mx.sum(margin_mask, axis=-1)
     too_many_errors = _too_many_errors(mx.sum(error_mask, axis=-1), C)
     valid = _feasible(mx.sum(mask, axis=-1), C) & (n_margin > 0) & ~too_many_errors
-    G, n = mask.shape
-    widths = _bucket_width(n_margin, n)
-    rows_all, alphas, rhos, valids = [], [], [], []
-    for w in sorted(set(widths)):
-        rows = mx.array([g for g in range(G) if widths[g] == w])
-        alpha_b, rho_b, valid_b = _solve_bucket(
-            K, rows, margin_mask[rows], error_mask[rows], valid[rows], w, C, float(ridge)
-        )
-        rows_all.append(rows)
+    # problems with an empty margin set are invalid: they keep alpha = 0, rho = 0
+    widths = [w if k > 0 else 0 for w, k in zip(_bucket_widths(n_margin, n), n_margin.tolist())]
+    buckets = [_Bucket(mx.array([g for g, wg in enumerate(widths) if wg == w]), w, margin_mask,
+                       error_mask) for w in sorted(set(widths) - {0})]
+    empty = [g for g, w in enumerate(widths) if w == 0]
+    rows_all = [mx.array(empty, dtype=mx.int64)] if empty else []
+    alphas = [mx.zeros((len(empty), n), dtype=K.dtype)] if empty else []
+    rhos = [mx.zeros((len(empty),), dtype=K.dtype)] if empty else []
+    valids = [mx.zeros((len(empty),), dtype=mx.bool_)] if empty else []
+    for bucket, (K_SS, K_SE) in zip(buckets, _gather_blocks(K, groups, buckets)):
+        M, c = _bordered_system(K_SS, K_SE, bucket, C, float(ridge))
+        alpha_b, rho_b, valid_b = _solve_bucket(M, c, bucket, error_mask[bucket.rows],
+                                                valid[bucket.rows], C)
+        rows_all.append(bucket.rows.astype(mx.int64))
         alphas.append(alpha_b)
         rhos.append(rho_b)
         valids.append(valid_b)
@@ -531,22 +604,21 @@ def _empty_solution(K, margin_mask, error_mask, mask):
             mx.zeros((G,), dtype=mx.bool_))
 
 
-def _solve_bucket(K, rows, margin_mask, error_mask, valid, width, C, ridge):
-    """Solve the problems ``rows`` (all of one padded width); returns alpha, rho, valid."""
-    order, slot = _pack_margin(margin_mask, width)
-    M, c = _bordered_system(K, rows, order, slot, error_mask, C, ridge)
+def _solve_bucket(M, c, bucket, error_mask, valid, C):
+    """Solve one bucket's systems; returns alpha, rho, valid."""
     u, solved = _solve_where(M, c, valid)
     if u is None or not bool(mx.all(solved | ~valid).item()):
         valid = valid & solved
         u, _ = _solve_where(M, c, valid)
-    return _scatter_solution(u, order, slot, error_mask, valid, C)
+    return _scatter_solution(u, bucket, error_mask, valid, C)
 
 
-def _scatter_solution(u, order, slot, error_mask, valid, C):
+def _scatter_solution(u, bucket, error_mask, valid, C):
     dtype = u.dtype
     keep = valid[:, None]
     u = mx.where(keep, u, mx.zeros((), dtype=dtype))
-    coeff_S = mx.where(slot, u[:, 1:], mx.zeros((), dtype=dtype))
-    alpha = mx.put_along_axis(mx.zeros(error_mask.shape, dtype=dtype), order, coeff_S, axis=-1)
+    coeff_S = mx.where(bucket.slot, u[:, 1:], mx.zeros((), dtype=dtype))
+    alpha = mx.put_along_axis(mx.zeros(error_mask.shape, dtype=dtype), bucket.order, coeff_S,
+                              axis=-1)
     alpha = alpha + (error_mask & keep).astype(dtype) * C
     return alpha, u[:, 0], valid

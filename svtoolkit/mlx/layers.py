@@ -11,8 +11,9 @@ gates and readouts. The ops are in :mod:`svtoolkit.mlx.ops`.
 
 * ``layer(x, exclude=None)`` - **training path**: all (sequence, head, chunk) problems in one
   batched call of :func:`svtoolkit.mlx.fista_svdd` (partition finder), then
-  :func:`svtoolkit.mlx.ridged_svdd_solve` per boundary (differentiable through its custom
-  VJP; the partition is held fixed). Approximate, **no certificate**.
+  one :func:`svtoolkit.mlx.ridged_svdd_solve` call over every boundary (``groups=``:
+  each problem on its sequence-head's Gram; differentiable through its custom VJP; the
+  partition is held fixed). Approximate, **no certificate**.
 * ``layer.forward_exact(x, exclude=None)`` - the same readout on coefficients from the exact
   fp64 solver (:class:`svtoolkit.IncrementalSVDD`, NumPy; no gradient through the gate).
 * ``layer.forward_with_state(x, state)`` / ``layer.step(x_t, state)`` - **exact streaming

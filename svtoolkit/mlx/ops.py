@@ -149,16 +149,15 @@ def sv_gate(k, *, C, sigma, chunk, iters=80, ridge=RIDGE, tol=BATCHED_PARTITION_
     masks = _prefix_masks(keep_g, ends)  # (G, J, P)
     G = B * H
     stacked = mx.broadcast_to(mx.stop_gradient(gram)[:, None], (G, J, P, P)).reshape(G * J, P, P)
-    alpha0 = fista_svdd(stacked, C, mask=masks.reshape(G * J, P), iters=iters).reshape(G, J, P)
-    alphas, gated = [], []
-    for j in range(J):
-        margin, error = partition_masks(alpha0[:, j], C, tol=tol, mask=masks[:, j])
-        a, _, valid = ridged_svdd_solve(gram, C, margin, error, ridge=ridge, mask=masks[:, j])
-        count = mx.sum(masks[:, j], axis=-1)
-        alphas.append(a)
-        gated.append(valid & (count >= warmup_size(C)))
-    alpha = mx.stack(alphas, axis=1).reshape(B, H, J, P)
-    return MLXSVGate(alpha, mx.stack(gated, axis=1).reshape(B, H, J), ends, C, False)
+    masks = masks.reshape(G * J, P)
+    alpha0 = fista_svdd(stacked, C, mask=masks, iters=iters)
+    # every (sequence-head, boundary) problem in one call, each on its sequence-head's Gram
+    groups = mx.repeat(mx.arange(G), J)
+    margin, error = partition_masks(alpha0, C, tol=tol, mask=masks)
+    alpha, _, valid = ridged_svdd_solve(gram, C, margin, error, ridge=ridge, mask=masks,
+                                        groups=groups)
+    gated = valid & (mx.sum(masks, axis=-1) >= warmup_size(C))
+    return MLXSVGate(alpha.reshape(B, H, J, P), gated.reshape(B, H, J), ends, C, False)
 
 
 def exact_sv_gate(k, *, C, sigma, chunk, exclude=None):

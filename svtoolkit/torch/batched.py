@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 import torch
 
-from .._gate_core import check_box, check_iters, check_partition_tol, check_ridge
+from .._gate_core import bucket_width, check_box, check_iters, check_partition_tol, check_ridge
 from .._rules import (
     BATCHED_PARTITION_TOL,
     ERRORS_OVERFLOW_ABOVE,
@@ -511,49 +511,113 @@ def _check_partition(margin_mask, error_mask, mask):
         raise ValueError("margin_mask and error_mask overlap; a key is in one set only")
 
 
-def _bucket_width(n_margin, n):
-    """Padded size of each problem's margin block: the next power of two >= |S|, at most n.
+def _bucket_widths(n_margin, n):
+    """Padded size of each problem's margin block (:func:`svtoolkit._gate_core.bucket_width`).
 
     It depends on the problem's own |S| (and the key axis n), never on another problem's.
     """
-    width = torch.pow(2, torch.ceil(torch.log2(n_margin.clamp(min=1).double()))).long()
-    return width.clamp(max=n)
+    return torch.tensor([bucket_width(k, n) for k in n_margin.tolist()], dtype=torch.long,
+                        device=n_margin.device)
 
 
-def _pack_margin(margin_mask, width):
-    """Per row, the margin keys first (ascending index), then the rest, cut to ``width``."""
-    n = margin_mask.shape[-1]
-    index = torch.arange(n, device=margin_mask.device)[None, :]
-    order = torch.argsort(torch.where(margin_mask, index, index + n), dim=-1)[:, :width]
-    slot = torch.arange(width, device=margin_mask.device)[None, :] < margin_mask.sum(-1)[:, None]
+def _first_of(member, width):
+    """Per row, the indices where ``member`` is True first (ascending), then the rest, cut to
+    ``width``; and ``slot`` (B, width), True on the member positions."""
+    n = member.shape[-1]
+    index = torch.arange(n, device=member.device)[None, :]
+    order = torch.argsort(torch.where(member, index, index + n), dim=-1)[:, :width]
+    slot = torch.arange(width, device=member.device)[None, :] < member.sum(-1)[:, None]
     return order, slot
 
 
-def _bordered_system(K, rows, order, slot, error_mask, C, ridge):
+def _check_groups(groups, K):
+    """The Gram of each problem: ``groups`` (G',) int indices into K (default: problem g uses
+    K[g], then G' = G)."""
+    if groups is None:
+        return torch.arange(K.shape[0], device=K.device)
+    if (not isinstance(groups, torch.Tensor) or groups.ndim != 1
+            or groups.dtype not in (torch.int32, torch.int64)):
+        raise TypeError("groups must be a 1-d integer torch.Tensor (one Gram index per problem)")
+    if groups.device != K.device:
+        raise ValueError(f"groups is on {groups.device} but K is on {K.device}")
+    if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= K.shape[0]):
+        raise ValueError(f"groups must index K's first axis, 0 .. {K.shape[0] - 1}")
+    return groups.long()
+
+
+def _check_finite_on_masks(K, groups, mask):
+    """Raise if a problem's Gram has NaN or inf on its masked entries (one reduction when every
+    entry is finite; the per-problem test only otherwise)."""
+    K = K.detach()
+    if _all_finite(K):
+        return
+    bad = ~torch.isfinite(K)
+    for i in range(groups.numel()):
+        pair = mask[i][:, None] & mask[i][None, :]
+        if bool((bad[groups[i]] & pair).any()):
+            raise ValueError("K contains NaN or inf on the masked entries")
+
+
+class _Bucket:
+    """The problems ``rows`` of one padded margin width: their margin keys ``order`` (B, w)
+    with ``slot`` (padding slots False) and error keys ``e_order`` (B, e) with ``e_slot``."""
+
+    def __init__(self, rows, width, margin_mask, error_mask):
+        self.rows = rows
+        self.order, self.slot = _first_of(margin_mask[rows], width)
+        n_errors = int(error_mask[rows].sum(-1).max())
+        self.e_order, self.e_slot = _first_of(error_mask[rows], max(n_errors, 1))
+
+    def flat_index(self, groups, n):
+        """Flat indices into K of this bucket's K_SS (B, w, w) and K_SE (B, w, e) entries."""
+        base = groups[self.rows][:, None, None] * (n * n) + self.order[:, :, None] * n
+        return (base + self.order[:, None, :]).reshape(-1), (base + self.e_order[:, None, :]
+                                                            ).reshape(-1)
+
+
+def _gather_blocks(K, groups, buckets):
+    """K_SS and K_SE of every bucket, read from K in one gather.
+
+    One ``torch.take`` for all buckets: its backward is a single scatter-add into a tensor of
+    K's size, where a gather per bucket (or per chunk boundary) would allocate and fill one
+    K-sized gradient each.
+    """
+    if not buckets:
+        return []
+    n = K.shape[-1]
+    parts = [index for bucket in buckets for index in bucket.flat_index(groups, n)]
+    values = torch.take(K, torch.cat(parts)).split([p.numel() for p in parts])
+    blocks = []
+    for bucket, K_SS, K_SE in zip(buckets, values[0::2], values[1::2]):
+        B, w = bucket.order.shape
+        blocks.append((K_SS.view(B, w, w), K_SE.view(B, w, bucket.e_order.shape[1])))
+    return blocks
+
+
+def _bordered_system(K_SS, K_SE, bucket, C, ridge):
     """M~ = [[0, 1^T], [1, 2 K_SS + ridge I]] and c = [1 - |E| C ; diag(K)_S - 2 C K_SE 1].
 
-    ``rows`` (B,) picks the problems, ``order`` (B, w) their margin keys (padding slots, where
-    ``slot`` is False, become identity rows with zero right-hand side).
+    Padding slots (``bucket.slot`` False) become identity rows with zero right-hand side; the
+    entries read there are discarded with ``where`` (never multiplied: they may be anything).
     """
-    B, width = order.shape
-    dtype = K.dtype
-    slot_f = slot.to(dtype)
-    K_S = K[rows[:, None], order]  # (B, w, n): margin rows of K
-    K_SS = torch.gather(K_S, 2, order[:, None, :].expand(B, width, width))
-    pair = slot_f[:, :, None] * slot_f[:, None, :]
-    eye = torch.eye(width, dtype=dtype, device=K.device)
-    block = 2.0 * K_SS * pair + eye * ((1.0 - slot_f) + ridge * slot_f)[:, None, :]
-    top = torch.cat([torch.zeros(B, 1, 1, dtype=dtype, device=K.device), slot_f[:, None, :]], 2)
+    B, width = bucket.order.shape
+    dtype = K_SS.dtype
+    zero = torch.zeros((), dtype=dtype, device=K_SS.device)
+    slot, slot_f = bucket.slot, bucket.slot.to(dtype)
+    K_SS = torch.where(slot[:, :, None] & slot[:, None, :], K_SS, zero)
+    K_SE = torch.where(slot[:, :, None] & bucket.e_slot[:, None, :], K_SE, zero)
+    eye = torch.eye(width, dtype=dtype, device=K_SS.device)
+    block = 2.0 * K_SS + eye * ((1.0 - slot_f) + ridge * slot_f)[:, None, :]
+    top = torch.cat([torch.zeros(B, 1, 1, dtype=dtype, device=K_SS.device), slot_f[:, None, :]],
+                    2)
     M = torch.cat([top, torch.cat([slot_f[:, :, None], block], 2)], 1)
-    err_f = error_mask.to(dtype)
-    K_SE_1 = (K_S * err_f[:, None, :]).sum(-1)
     diag_S = torch.diagonal(K_SS, dim1=1, dim2=2)
-    c_top = 1.0 - C * err_f.sum(-1, keepdim=True)
-    c = torch.cat([c_top, (diag_S - 2.0 * C * K_SE_1) * slot_f], 1)
+    c_top = 1.0 - C * bucket.e_slot.to(dtype).sum(-1, keepdim=True)
+    c = torch.cat([c_top, diag_S - 2.0 * C * K_SE.sum(-1)], 1)
     return M, c
 
 
-def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
+def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None, groups=None):
     """Ridged bordered KKT solve over given partitions, differentiable by autograd (eq. 6).
 
     Parameters
@@ -562,22 +626,27 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
         Gram matrices; gradients flow to K (and through it to keys, e.g. K = rbf(X)).
     C : float
         Box.
-    margin_mask, error_mask : Tensor of shape (G, n), bool
-        The partition (from :func:`partition_masks`); disjoint and inside ``mask``.
+    margin_mask, error_mask : Tensor of shape (G', n), bool
+        The partition of each problem (from :func:`partition_masks`); disjoint and inside
+        ``mask``. G' = G unless ``groups`` is given.
     ridge : float
         ``>= 0`` added to the diagonal of the margin block (default 1e-3, the paper's value).
         ``ridge = 0`` solves the unregularised system of the given partition.
-    mask : Tensor of shape (G, n), bool, optional
+    mask : Tensor of shape (G', n), bool, optional
         Keys that belong to each problem (default all).
+    groups : Tensor of shape (G',), int, optional
+        The Gram of each problem: problem i is posed on ``K[groups[i]]``, so problems that
+        share a Gram (e.g. the prefixes of one sequence) are solved in one call without
+        copying it. Default: problem g on K[g].
 
     Returns
     -------
-    alpha : Tensor of shape (G, n)
+    alpha : Tensor of shape (G', n)
         ``alpha_S = u_S``, ``alpha_E = C``, 0 elsewhere; 0 on invalid problems.
-    rho : Tensor of shape (G,)
+    rho : Tensor of shape (G',)
         ``u_0``, the multiplier of ``sum(alpha) = 1`` in the convention
         ``g_i = 2 (K alpha)_i - K_ii + rho`` (f = 0 on the margin, > 0 inside); 0 when invalid.
-    valid : Tensor of shape (G,), bool
+    valid : Tensor of shape (G',), bool
         False for problems in warm-up (``m C < 1 - 1e-12``), with an empty margin set, with
         ``|E| C > 1 + 1e-12`` (an inconsistent partition: the error keys alone exceed the unit sum),
         or whose system is singular or gives non-finite values. Invalid rows are computed on
@@ -589,90 +658,137 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None):
 
         [[0, 1^T], [1, 2 K_SS + ridge I]] u = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]
 
-    Problems are grouped by the next power of two of their own ``|S|`` and each group is padded to
-    that size with decoupled identity rows, so a problem's result never depends on the other
-    problems in the batch. With ridge = 0 and the exact partition this returns the exact
-    coefficients; with ridge > 0 it returns the exact solution of the ridged system, an
-    approximation of the SVDD coefficients that need not respect ``0 <= alpha <= C``. With
-    ridge > 0 and a positive semi-definite K the system is never singular. No certificate is
-    attached to these coefficients.
+    Problems are grouped by a padded width that depends on their own ``|S|`` only
+    (:func:`svtoolkit._gate_core.bucket_width`, at most 1.25 |S|), and each group is padded to
+    it with decoupled identity rows, so a problem's result never depends on the other problems
+    in the batch. The backward pass reuses the forward's LU factors: with ``M u = c`` and
+    ``lam = M^-T du``, ``dM = -lam u^T`` and ``dc = lam``. With ridge = 0 and the exact
+    partition this returns the exact coefficients; with ridge > 0 it returns the exact solution
+    of the ridged system, an approximation of the SVDD coefficients that need not respect
+    ``0 <= alpha <= C``. With ridge > 0 and a positive semi-definite K the system is never
+    singular. No certificate is attached to these coefficients.
     """
     _check_float_tensor(K, "K", 3, "(G, n, n)")
     C = check_box(C)
     ridge = check_ridge(ridge)
-    K, mask = _check_gram(K, mask)
+    G, n, n2 = K.shape
+    if n != n2:
+        raise ValueError(f"K must have shape (G, n, n); got {tuple(K.shape)}")
+    groups = _check_groups(groups, K)
+    mask = _check_mask(mask, (groups.numel(), n), K.device)
+    _check_finite_on_masks(K, groups, mask)
     _check_partition(margin_mask, error_mask, mask)
     n_margin = margin_mask.sum(-1)
     too_many_errors = _too_many_errors(error_mask.sum(-1), C)
     valid = _feasible(mask.sum(-1), C) & (n_margin > 0) & ~too_many_errors
-    G, n = mask.shape
-    width = _bucket_width(n_margin, n)
-    alpha = torch.zeros(G, n, dtype=K.dtype, device=K.device)
-    rho = torch.zeros(G, dtype=K.dtype, device=K.device)
-    for w in torch.unique(width).tolist():
-        rows = (width == w).nonzero()[:, 0]
-        alpha_b, rho_b, valid_b = _solve_bucket(
-            K, rows, margin_mask[rows], error_mask[rows], valid[rows], int(w), C, float(ridge)
-        )
-        alpha = alpha.index_copy(0, rows, alpha_b)
-        rho = rho.index_copy(0, rows, rho_b)
-        valid = valid.index_copy(0, rows, valid_b)
+    # problems with an empty margin set are invalid: they keep alpha = 0, rho = 0
+    width = torch.where(n_margin > 0, _bucket_widths(n_margin, n), 0)
+    buckets = [_Bucket((width == w).nonzero()[:, 0], int(w), margin_mask, error_mask)
+               for w in torch.unique(width).tolist() if w > 0]
+    alpha = torch.zeros(groups.numel(), n, dtype=K.dtype, device=K.device)
+    rho = torch.zeros(groups.numel(), dtype=K.dtype, device=K.device)
+    for bucket, (K_SS, K_SE) in zip(buckets, _gather_blocks(K, groups, buckets)):
+        M, c = _bordered_system(K_SS, K_SE, bucket, C, float(ridge))
+        alpha_b, rho_b, valid_b = _solve_bucket(M, c, bucket, error_mask[bucket.rows],
+                                                valid[bucket.rows], C)
+        alpha = alpha.index_copy(0, bucket.rows, alpha_b)
+        rho = rho.index_copy(0, bucket.rows, rho_b)
+        valid = valid.index_copy(0, bucket.rows, valid_b)
     return alpha, rho, valid
 
 
-def _solve_bucket(K, rows, margin_mask, error_mask, valid, width, C, ridge):
-    """Solve the problems ``rows`` (all of one padded width); returns alpha, rho, valid."""
-    order, slot = _pack_margin(margin_mask, width)
-    M, c = _bordered_system(K, rows, order, slot, error_mask, C, ridge)
-    u, solved = _solve_where(M, c, valid)
-    if not bool(solved[valid].all()):
-        valid = valid & solved
-        u, _ = _solve_where(M, c, valid)
-    return _scatter_solution(u, order, slot, error_mask, valid, C)
+def _solve_bucket(M, c, bucket, error_mask, valid, C):
+    """Solve one bucket's systems; invalid rows are solved as identity systems (u = 0)."""
+    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M)
+    M = torch.where(valid[:, None, None], M, eye)
+    c = torch.where(valid[:, None], c, torch.zeros_like(c))
+    u, solved = _BorderedSolve.apply(M, c)
+    return _scatter_solution(u, bucket, error_mask, valid & solved, C)
 
 
-def _solve_where(M, c, valid):
-    """Solve M u = c on valid rows; other rows get the identity system (u = 0).
+class _BorderedSolve(torch.autograd.Function):
+    """``u = M^-1 c`` per row, with ``solved`` (accurate rows; u = 0 elsewhere), and the backward
+    ``lam = M^-T du``, ``dM = -lam u^T``, ``dc = lam`` on the forward's LU factors."""
 
-    Returns ``u`` of shape (B, w + 1) and ``solved``: LU succeeded, u is finite and its
-    residual is at rounding level. Replacing rows before the solve (rather than masking after
-    it) keeps NaN out of the backward pass too.
+    @staticmethod
+    def forward(ctx, M, c):
+        LU, pivots, u, solved = _lu_solve_checked(M, c)
+        ctx.save_for_backward(LU, pivots, u, solved)
+        ctx.mark_non_differentiable(solved)
+        return u, solved
 
-    Every solution is checked, per row (:func:`_accurate`; an O(w^2) product beside the
-    O(w^3) solve)::
+    @staticmethod
+    def backward(ctx, du, _):
+        LU, pivots, u, solved = ctx.saved_tensors
+        lam = torch.where(solved[:, None], _lu_apply(LU, pivots, du, adjoint=True),
+                          torch.zeros_like(du))
+        return -lam[:, :, None] * u[:, None, :], lam
+
+
+def _lu_solve_checked(M, c):
+    """LU factors and solutions of M u = c (B, p, p), with ``solved``: u finite and its
+    residual at rounding level (:func:`_accurate`); unsolved rows get u = 0.
+
+    Every solution is checked, per row (an O(p^2) product beside the O(p^3) factorisation)::
 
         max|M u - c| <= RESIDUAL_TOL * p * eps * (max|M| max|u| + max|c|)
 
     with p = w + 1 the size of the bordered system and eps that of the dtype. Rows that fail
-    are solved again one at a time: batched LU of torch 2.13 on a CPU returns wrong solutions
-    silently (or raises) once ``torch.set_num_threads`` has been called with 2 or more threads
-    (pytorch#142815); the one-matrix path is not affected. On some CPUs the batched call does
-    not return at all under that bug (MKL's DLASWP reports a bad parameter in a loop), so with
-    more than one torch thread on a CPU, systems above ``LU_BUG_MIN_SIZE`` are solved one
-    matrix at a time from the start.
+    are factorised again one at a time: batched LU of torch 2.13 on a CPU returns wrong
+    solutions silently (or raises) once ``torch.set_num_threads`` has been called with 2 or
+    more threads (pytorch#142815); the one-matrix path is not affected. On some CPUs the
+    batched call does not return at all under that bug (MKL's DLASWP reports a bad parameter
+    in a loop), so with more than one torch thread on a CPU, systems above
+    ``LU_BUG_MIN_SIZE`` are factorised and solved one matrix at a time from the start.
     """
-    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M)
-    M = torch.where(valid[:, None, None], M, eye)
-    c = torch.where(valid[:, None], c, torch.zeros_like(c))
-    if (M.device.type == "cpu" and M.shape[0] > 1 and M.shape[-1] > LU_BUG_MIN_SIZE
-            and torch.get_num_threads() > 1):
-        u = _solve_rows(M, c, torch.zeros_like(c), torch.ones_like(valid))
-        return u, _accurate(M, u, c)
+    with torch.no_grad():
+        if _batched_lu_unsafe(M):
+            LU, pivots = _lu_rows(M)
+        else:
+            try:
+                LU, pivots, _ = torch.linalg.lu_factor_ex(M)
+            except RuntimeError:  # the same torch bug can raise from the batched call
+                LU, pivots = _lu_rows(M)
+        u = _lu_apply(LU, pivots, c)
+        solved = _accurate(M, u, c)
+        if not bool(solved.all()):
+            redo = (~solved).nonzero()[:, 0]
+            LU_r, pivots_r = _lu_rows(M[redo])
+            LU[redo], pivots[redo] = LU_r, pivots_r
+            u[redo] = _lu_apply(LU_r, pivots_r, c[redo], rows=True)
+            solved = _accurate(M, u, c)
+        u = torch.where(solved[:, None], u, torch.zeros_like(u))
+    return LU, pivots, u, solved
+
+
+def _batched_lu_unsafe(M):
+    return (M.device.type == "cpu" and M.shape[0] > 1 and M.shape[-1] > LU_BUG_MIN_SIZE
+            and torch.get_num_threads() > 1)
+
+
+def _lu_rows(M):
+    """LU factors of each matrix of M (B, p, p), one at a time; a failed factorisation leaves
+    its row's solution non-finite or inaccurate, which :func:`_accurate` reports."""
+    factors = [torch.linalg.lu_factor_ex(M[i])[:2] for i in range(M.shape[0])]
+    return torch.stack([f[0] for f in factors]), torch.stack([f[1] for f in factors])
+
+
+def _lu_apply(LU, pivots, c, *, adjoint=False, rows=None):
+    """Solutions of the factorised systems for right-hand sides c (B, p): batched, or one
+    matrix at a time where the batched CPU path is unsafe (``rows=True`` forces it)."""
+    if rows or _batched_lu_unsafe(LU):
+        out = [torch.linalg.lu_solve(LU[i], pivots[i], c[i][:, None], adjoint=adjoint)[:, 0]
+               for i in range(LU.shape[0])]
+        return torch.stack(out)
     try:
-        u, info = torch.linalg.solve_ex(M, c[:, :, None])
-        u = u[:, :, 0]
-        ok = (info == 0) & _accurate(M, u, c)
-    except RuntimeError:  # the same torch bug can also raise from lu_solve
-        u = torch.zeros_like(c)
-        ok = torch.zeros_like(valid)
-    if not bool(ok.all()):
-        u = _solve_rows(M, c, u, ~ok)
-        ok = _accurate(M, u, c)
-    return u, ok
+        return torch.linalg.lu_solve(LU, pivots, c[:, :, None], adjoint=adjoint)[:, :, 0]
+    except RuntimeError:
+        return _lu_apply(LU, pivots, c, adjoint=adjoint, rows=True)
 
 
 def _accurate(M, u, c):
-    """Finite u with a backward error at rounding level, per row (the test in _solve_where)."""
+    """Finite u with a backward error at rounding level, per row (the test in
+    :func:`_lu_solve_checked`)."""
     with torch.no_grad():
         residual = (torch.bmm(M, u[:, :, None])[:, :, 0] - c).abs().amax(-1)
         scale = M.abs().amax((-2, -1)) * u.abs().amax(-1) + c.abs().amax(-1)
@@ -680,23 +796,14 @@ def _accurate(M, u, c):
         return torch.isfinite(u).all(-1) & (residual <= tol * scale)
 
 
-def _solve_rows(M, c, u, redo):
-    """Solve the rows ``redo`` one matrix at a time (differentiable), keep the others."""
-    fixed = {}
-    for i in redo.nonzero()[:, 0].tolist():
-        x, info = torch.linalg.solve_ex(M[i], c[i])
-        fixed[i] = x if int(info) == 0 else torch.zeros_like(x)
-    rows = [fixed.get(i, u[i]) for i in range(u.shape[0])]
-    return torch.stack(rows)
-
-
-def _scatter_solution(u, order, slot, error_mask, valid, C):
+def _scatter_solution(u, bucket, error_mask, valid, C):
+    """alpha (B, n): the margin solution at its keys, C on the error keys; 0 on invalid rows."""
     B, n = error_mask.shape
     dtype = u.dtype
     zero = torch.zeros((), dtype=dtype, device=u.device)
     keep = valid[:, None]
     u = torch.where(keep, u, zero)
-    coeff_S = torch.where(slot, u[:, 1:], zero)
-    alpha = torch.zeros(B, n, dtype=dtype, device=u.device).scatter_add(1, order, coeff_S)
+    coeff_S = torch.where(bucket.slot, u[:, 1:], zero)
+    alpha = torch.zeros(B, n, dtype=dtype, device=u.device).scatter_add(1, bucket.order, coeff_S)
     alpha = alpha + (error_mask & keep).to(dtype) * C
     return alpha, u[:, 0], valid

@@ -210,17 +210,15 @@ def sv_gate(k, *, C, sigma, chunk, iters=80, ridge=RIDGE, tol=BATCHED_PARTITION_
     gram = rbf_gram(keys, keys, sigma).reshape(B * H, P, P)
     keep = _keep(exclude, B, T, k.device)[:, :P]
     keep_g = keep[:, None, :].expand(B, H, P).reshape(B * H, P)
-    alpha0 = _prefix_fista(gram.detach(), keep_g, ends, C, iters)
-    masks = _prefix_masks(keep_g, ends)  # (G, J, P)
-    alphas, gated = [], []
-    for j in range(J):
-        margin, error = partition_masks(alpha0[:, j], C, tol=tol, mask=masks[:, j])
-        a, _, valid = ridged_svdd_solve(gram, C, margin, error, ridge=ridge, mask=masks[:, j])
-        count = masks[:, j].sum(-1)
-        alphas.append(a)
-        gated.append(valid & (count >= warmup_size(C)))
-    alpha = torch.stack(alphas, 1).view(B, H, J, P)
-    return SVGate(alpha, torch.stack(gated, 1).view(B, H, J), ends, C, False)
+    alpha0 = _prefix_fista(gram.detach(), keep_g, ends, C, iters).reshape(B * H * J, P)
+    masks = _prefix_masks(keep_g, ends).reshape(B * H * J, P)
+    # every (sequence-head, boundary) problem in one call, each on its sequence-head's Gram
+    groups = torch.arange(B * H, device=k.device).repeat_interleave(J)
+    margin, error = partition_masks(alpha0, C, tol=tol, mask=masks)
+    alpha, _, valid = ridged_svdd_solve(gram, C, margin, error, ridge=ridge, mask=masks,
+                                        groups=groups)
+    gated = valid & (masks.sum(-1) >= warmup_size(C))
+    return SVGate(alpha.view(B, H, J, P), gated.view(B, H, J), ends, C, False)
 
 
 def exact_sv_gate(k, *, C, sigma, chunk, exclude=None):
