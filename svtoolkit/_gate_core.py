@@ -39,6 +39,7 @@ __all__ = [
     "GateResult",
     "PREFIX_WEIGHTINGS",
     "QK_NORMS",
+    "QUERY_BLOCK",
     "RAW_QK_SIGMA",
     "as_index",
     "bad_exclude",
@@ -211,6 +212,13 @@ def unsupported_dtype(layer_name, x_dtype, weight_dtype):
     return (f"{layer_name} supports float32 and float64 only; got x of dtype "
             f"{dtype_name(x_dtype)} and weights of dtype {dtype_name(weight_dtype)} (convert "
             "the input and the layer to float32 or float64)")
+
+
+#: Queries per block of the hybrid readout on the training path: each block reads only the
+#: keys up to its last query, so the readout costs about half of a (T, T) weight matrix and
+#: never holds one; 64 keeps the per-block tensor operations few at T = 1024 and each block's
+#: (B, H, 64, e) weights small.
+QUERY_BLOCK = 64
 
 
 def bucket_width(n_margin, n):

@@ -160,23 +160,28 @@ def _loop_readout(q, k, v, gate, *, sigma, chunk, hybrid, exclude):
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
-def test_readouts_match_the_per_token_loop(hybrid):
-    q, k, v = _keys(seed=4), _keys(seed=5), _keys(seed=6)
-    exclude = torch.zeros(2, 29, dtype=torch.bool)
+@pytest.mark.parametrize("T, chunk", [(29, 8), (150, 8), (150, 1)])
+def test_readouts_match_the_per_token_loop(hybrid, T, chunk):
+    """T = 150 spans three query blocks of the hybrid readout (QUERY_BLOCK = 64); chunk 1 is
+    the token-level gate (a boundary per query)."""
+    q, k, v = _keys(T=T, seed=4), _keys(T=T, seed=5), _keys(T=T, seed=6)
+    exclude = torch.zeros(2, T, dtype=torch.bool)
     exclude[0, 2] = exclude[1, 20] = True
-    gate = sv_gate(k, C=0.2, sigma=2.0, chunk=8, exclude=exclude)
+    if T > 64:
+        exclude[0, 64] = exclude[1, 100:110] = True
+    gate = sv_gate(k, C=0.2, sigma=2.0, chunk=chunk, exclude=exclude)
     if hybrid:
-        got = sv_hybrid_readout(q, k, v, gate, chunk=8, exclude=exclude)
+        got = sv_hybrid_readout(q, k, v, gate, chunk=chunk, exclude=exclude)
     else:
-        got = sv_rbf_readout(q, k, v, gate, sigma=2.0, chunk=8, exclude=exclude)
-    ref = _loop_readout(q, k, v, gate, sigma=2.0, chunk=8, hybrid=hybrid, exclude=exclude)
+        got = sv_rbf_readout(q, k, v, gate, sigma=2.0, chunk=chunk, exclude=exclude)
+    ref = _loop_readout(q, k, v, gate, sigma=2.0, chunk=chunk, hybrid=hybrid, exclude=exclude)
     B, T, H, D = q.shape
     mult = gate.multipliers()
     bound = readout_bound(*(_fold_heads(t)[:, :, 0] for t in (q, k, v)),
                           mult.reshape(B * H, *mult.shape[2:]),
                           torch.zeros(B * H, len(gate.ends), dtype=torch.float64),
                           exclude[:, None].expand(B, H, T).reshape(B * H, T),
-                          hybrid=hybrid, sigma=2.0, chunk=8)  # the same multipliers: dm = 0
+                          hybrid=hybrid, sigma=2.0, chunk=chunk)  # same multipliers: dm = 0
     assert_within(got, ref, bound.reshape(B, H, T).transpose(1, 2)[..., None])
 
 

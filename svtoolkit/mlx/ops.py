@@ -25,6 +25,7 @@ import numpy as np
 
 from .._gate_core import (
     PREFIX_WEIGHTINGS,
+    QUERY_BLOCK,
     GateOptions,
     GateResult,
     bad_exclude,
@@ -190,14 +191,19 @@ def as_numpy64(x):
                                                else mx.float64), dtype=np.float64)
 
 
-def _rows_of(table, T, chunk):
-    """(B, H, J, P) per-boundary rows -> (B, H, T, T) per query (chunk 0: zeros)."""
+def _padded_rows(table, T):
+    """(B, H, J, P) per-boundary rows -> (B, H, J + 1, T): row c is what chunk c's queries
+    read (row 0: zeros)."""
     B, H, J, P = table.shape
     if J == 0:
-        return mx.zeros((B, H, T, T), dtype=table.dtype)
+        return mx.zeros((B, H, 1, T), dtype=table.dtype)
     body = mx.pad(table, [(0, 0), (0, 0), (0, 0), (0, T - P)])
-    padded = mx.concatenate([mx.zeros((B, H, 1, T), dtype=table.dtype), body], axis=2)
-    return mx.take(padded, mx.arange(T) // chunk, axis=2)
+    return mx.concatenate([mx.zeros((B, H, 1, T), dtype=table.dtype), body], axis=2)
+
+
+def _rows_of(table, T, chunk):
+    """(B, H, J, P) per-boundary rows -> (B, H, T, T) per query (chunk 0: zeros)."""
+    return mx.take(_padded_rows(table, T), mx.arange(T) // chunk, axis=2)
 
 
 def _safe_ratio(num, den):
@@ -237,21 +243,33 @@ def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None,
                       prefix_weighting="normalized"):
     """Hybrid readout: causal q.k softmax over [0, t]; prefix keys (before t's chunk) times
     their multipliers (``a / C``, or ``a`` with ``prefix_weighting="raw"``), keys of t's own
-    chunk (up to t) read directly."""
+    chunk (up to t) read directly. Queries in blocks of ``QUERY_BLOCK``, as torch."""
     B, T, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qh, kh, vh = (mx.swapaxes(x, 1, 2) for x in (q, k, v))
-    logits = (qh @ mx.swapaxes(kh, -1, -2)) * scale
-    t = mx.arange(T)
-    causal = t[None, :] <= t[:, None]
-    local = causal & (t[None, :] >= (t[:, None] // chunk) * chunk)
-    prefix = _rows_of(gate.multipliers(prefix_weighting).astype(q.dtype), T, chunk)
-    mult = mx.where(local, mx.ones_like(prefix), prefix) * causal.astype(q.dtype)
-    mult = mult * _keep(exclude, B, T)[:, None, None, :].astype(q.dtype)
+    table = _padded_rows(gate.multipliers(prefix_weighting).astype(q.dtype), T)
+    keep = _keep(exclude, B, T)[:, None, None, :].astype(q.dtype)
+    outs = []
+    for start in range(0, T, QUERY_BLOCK):
+        end = min(start + QUERY_BLOCK, T)
+        outs.append(_hybrid_block(qh[:, :, start:end], kh[:, :, :end], vh[:, :, :end],
+                                  table[..., :end], keep[..., :end], start, chunk, scale))
+    return mx.swapaxes(mx.concatenate(outs, axis=2), 1, 2)
+
+
+def _hybrid_block(q, k, v, table, keep, start, chunk, scale):
+    """The hybrid readout of the queries [start, start + L) over the keys [0, e) they see."""
+    L, e = q.shape[2], k.shape[2]
+    logits = (q @ mx.swapaxes(k, -1, -2)) * scale
+    t = mx.arange(start, start + L)[:, None]
+    i = mx.arange(e)[None, :]
+    causal = i <= t
+    local = causal & (i >= (t // chunk) * chunk)
+    prefix = mx.take(table, t[:, 0] // chunk, axis=2)
+    mult = mx.where(local, mx.ones_like(prefix), prefix) * causal.astype(q.dtype) * keep
     allowed = mult > 0
     neg_inf = mx.array(-math.inf, dtype=logits.dtype)
     top = mx.max(mx.where(allowed, logits, neg_inf), axis=-1, keepdims=True)
     top = mx.stop_gradient(mx.where(mx.isinf(top), mx.zeros_like(top), top))
     weights = mult * mx.exp(mx.where(allowed, logits - top, mx.zeros_like(logits)))
-    out = _safe_ratio(weights @ vh, mx.sum(weights, axis=-1))
-    return mx.swapaxes(out, 1, 2)
+    return _safe_ratio(weights @ v, mx.sum(weights, axis=-1))

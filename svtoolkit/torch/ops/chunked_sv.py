@@ -53,6 +53,7 @@ import torch
 
 from ..._gate_core import (
     PREFIX_WEIGHTINGS,
+    QUERY_BLOCK,
     GateOptions,
     GateResult,
     bad_exclude,
@@ -279,13 +280,19 @@ def uniform_sv_gate(k, *, C, chunk, exclude=None):
                   opts.C, False)
 
 
-def _rows_of(table, T, chunk):
-    """(B, H, J, P) per-boundary rows -> (B, H, T, T) per query (chunk 0: zeros)."""
+def _padded_rows(table, T):
+    """(B, H, J, P) per-boundary rows -> (B, H, J + 1, T): row c is what chunk c's queries
+    read (row 0, the first chunk's: zeros)."""
     B, H, J, P = table.shape
     padded = table.new_zeros(B, H, J + 1, T)
     padded[:, :, 1:, :P] = table
+    return padded
+
+
+def _rows_of(table, T, chunk):
+    """(B, H, J, P) per-boundary rows -> (B, H, T, T) per query (chunk 0: zeros)."""
     chunk_of = torch.arange(T, device=table.device) // chunk
-    return padded.index_select(2, chunk_of)
+    return _padded_rows(table, T).index_select(2, chunk_of)
 
 
 def _safe_ratio(num, den):
@@ -367,21 +374,37 @@ def sv_hybrid_readout(q, k, v, gate, *, chunk, scale=None, exclude=None,
     -----
     ``w_ti = m_ti exp(q_t . k_i * scale)`` with ``m_ti`` the gate multiplier of key i at the
     boundary of t's chunk for ``i < s_c`` and 1 for ``s_c <= i <= t``; ``o_t = sum w v / sum w``.
-    The first chunk and ungated boundaries are plain causal softmax.
+    The first chunk and ungated boundaries are plain causal softmax. Queries are read in
+    blocks of :data:`svtoolkit._gate_core.QUERY_BLOCK`, each against the keys it can see (about
+    half the work and memory of a (T, T) weight matrix, never materialised whole).
     """
     B, T, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
-    logits = (qh @ kh.transpose(-1, -2)) * scale
-    t = torch.arange(T, device=q.device)
-    causal = t[None, :] <= t[:, None]
-    local = causal & (t[None, :] >= (t[:, None] // chunk) * chunk)
-    prefix = _rows_of(gate.multipliers(prefix_weighting).to(q.dtype), T, chunk)
-    mult = torch.where(local, torch.ones_like(prefix), prefix) * causal.to(q.dtype)
-    mult = mult * _keep(exclude, B, T, q.device)[:, None, None, :].to(q.dtype)
+    table = _padded_rows(gate.multipliers(prefix_weighting).to(q.dtype), T)
+    keep = _keep(exclude, B, T, q.device)[:, None, None, :].to(q.dtype)
+    outs = []
+    for start in range(0, T, QUERY_BLOCK):
+        end = min(start + QUERY_BLOCK, T)
+        outs.append(_hybrid_block(qh[:, :, start:end], kh[:, :, :end], vh[:, :, :end],
+                                  table[..., :end], keep[..., :end], start, chunk, scale))
+    return torch.cat(outs, 2).transpose(1, 2)
+
+
+def _hybrid_block(q, k, v, table, keep, start, chunk, scale):
+    """The hybrid readout of the queries [start, start + L) over the keys [0, e) they can see:
+    q (B, H, L, D), k (B, H, e, D), v (B, H, e, Dv), table (B, H, J + 1, e), keep (B, 1, 1, e).
+    """
+    L, e = q.shape[2], k.shape[2]
+    logits = (q @ k.transpose(-1, -2)) * scale
+    t = torch.arange(start, start + L, device=q.device)[:, None]
+    i = torch.arange(e, device=q.device)[None, :]
+    causal = i <= t
+    local = causal & (i >= (t // chunk) * chunk)
+    prefix = table.index_select(2, t[:, 0] // chunk)
+    mult = torch.where(local, torch.ones_like(prefix), prefix) * causal.to(q.dtype) * keep
     allowed = mult > 0
     top = torch.where(allowed, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
     weights = mult * torch.exp(torch.where(allowed, logits - top, torch.zeros_like(logits)))
-    out = _safe_ratio(weights @ vh, weights.sum(-1))
-    return out.transpose(1, 2)
+    return _safe_ratio(weights @ v, weights.sum(-1))
