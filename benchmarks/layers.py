@@ -33,6 +33,7 @@ Usage::
     python benchmarks/layers.py --batch 16 --layers softmax tensor_cache
     python benchmarks/layers.py --layers sv_hybrid --profile sv_hybrid   # where the time goes
     python benchmarks/layers.py --quick                # three rows, two timed steps
+    python benchmarks/layers.py --block 1024 --batch 4 --layers softmax sv_hybrid
     python benchmarks/layers.py --paper --device cuda  # Table 8 protocol on a GPU
 """
 
@@ -250,7 +251,7 @@ def environment(threads: int, device: str = "cpu") -> dict:
 
 
 def markdown_table(rows: list[dict], batch: int, goal=None, threads=None,
-                   device_line=None) -> str:
+                   device_line=None, block=CONFIG["block"]) -> str:
     lines = [
         "| layer | options | params (without positions) | median s/step (min-max) "
         "| tokens/s | vs softmax |",
@@ -265,7 +266,7 @@ def markdown_table(rows: list[dict], batch: int, goal=None, threads=None,
             + f" | {r['median_s']:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f}) | "
             f"{r['tokens_per_s']:,.0f} | {r['ratio_vs_softmax']:.2f}x |"
         )
-    lines.append(f"\nbatch {batch} x block {CONFIG['block']}, fp32, "
+    lines.append(f"\nbatch {batch} x block {block}, fp32, "
                  + (device_line or f"CPU ({threads} threads); GPU rows: not measured"))
     published = PUBLISHED_TABLE8
     lines.append(f"\nPublished (Forgetful Attention, Table 8, Apple M3 Ultra): SV hybrid "
@@ -334,6 +335,9 @@ def main(argv=None):
     parser.add_argument("--layers", nargs="*", default=None,
                         help="rows (default: every row of LAYER_OPTIONS; --quick: three)")
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--block", type=int, default=CONFIG["block"],
+                        help="context length T (default 256; another value writes "
+                             "layers_block<T>.json)")
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument("--quick", action="store_true",
                        help=f"rows {', '.join(QUICK_LAYERS)}, 1 warm-up, 2 timed steps, "
@@ -361,15 +365,18 @@ def main(argv=None):
         args.layers = list(QUICK_LAYERS if args.quick else LAYER_OPTIONS)
     if args.profile is None:
         args.profile = [] if args.quick or args.device == "cuda" else ["sv_hybrid"]
+    config = {**CONFIG, "block": args.block}
     if args.out is None:
-        args.out = RESULTS / ("layers_quick.json" if args.quick else "layers.json")
+        name = ("layers_quick" if args.quick else "layers" if args.block == CONFIG["block"]
+                else f"layers_block{args.block}")
+        args.out = RESULTS / f"{name}.json"
     if args.threads is not None:
         set_threads(args.threads)
     args.threads = torch.get_num_threads()
     rows = ["softmax"] + [r for r in args.layers if r != "softmax"]  # softmax is the reference
     options = {row: {**LAYER_OPTIONS.get(row, {}), **args.options.get(row, {})} for row in rows}
     results, models, tokens = measure_rows(rows, options, batch=args.batch, warmup=args.warmup,
-                                           reps=args.reps, device=args.device)
+                                           reps=args.reps, device=args.device, config=config)
     checks = {r["layer"]: r["check"] for r in results}
     times = {r["layer"]: r["times_s"] for r in results}
     reference = statistics.median(times["softmax"])
@@ -382,7 +389,7 @@ def main(argv=None):
                 "published_ratio": PUBLISHED_TABLE8["ratio_vs_cpu_softmax"]}
     device_line = (f"GPU {torch.cuda.get_device_name(0)} (synchronised steps)"
                    if args.device == "cuda" else None)
-    table = markdown_table(results, args.batch, goal, args.threads, device_line)
+    table = markdown_table(results, args.batch, goal, args.threads, device_line, args.block)
     for row, prof in profiles.items():
         parts = ", ".join(f"{k} {v:.3f}" for k, v in prof["forward_breakdown_s"].items())
         table += (f"\n\nProfile of one {row} step (s): forward {prof['forward_s']:.3f} "
@@ -391,7 +398,7 @@ def main(argv=None):
     report = {
         "benchmark": "layers: forward+backward step of a 4-layer d256 h4 block-256 decoder",
         "command": "python benchmarks/layers.py " + " ".join(argv or sys.argv[1:]),
-        "config": {**CONFIG, "batch": args.batch, "warmup": args.warmup, "reps": args.reps},
+        "config": {**config, "batch": args.batch, "warmup": args.warmup, "reps": args.reps},
         "environment": environment(args.threads, args.device),
         "results": results,
         "goal": goal,
