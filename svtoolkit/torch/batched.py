@@ -659,7 +659,7 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None, 
         [[0, 1^T], [1, 2 K_SS + ridge I]] u = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]
 
     Problems are grouped by a padded width that depends on their own ``|S|`` only
-    (:func:`svtoolkit._gate_core.bucket_width`, at most 1.25 |S|), and each group is padded to
+    (:func:`svtoolkit._gate_core.bucket_width`, at most 1.25 ``|S|``), and each group is padded to
     it with decoupled identity rows, so a problem's result never depends on the other problems
     in the batch. The backward pass reuses the forward's LU factors: with ``M u = c`` and
     ``lam = M^-T du``, ``dM = -lam u^T`` and ``dc = lam``. With ridge = 0 and the exact
