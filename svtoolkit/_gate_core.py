@@ -339,14 +339,15 @@ def as_index(name, value):
 
 
 class ExactStream:
-    """Exact streaming gates of ``batch_size`` sequences with ``n_heads`` heads (no tensors).
+    """Exact streaming gates of ``batch_size`` sequences with ``n_heads`` heads (no tensor ops).
 
     Per (sequence, head): an :class:`svtoolkit.IncrementalSVDD` over the admitted long-range
     keys (fp64) and the gate multipliers of the admitted positions. Per sequence: the current
     chunk's positions, and the key and value of every position still needed, stored as the
     framework's arrays (detached; keys of shape (H, D) in float64 on the CPU, so that
     ``np.asarray`` reads them exactly). The framework layers own one of these (as a base
-    class) and add the readout.
+    class) and add the readout, which may keep what it derives from the multipliers in
+    ``read_cache[b]``: cleared here whenever sequence b's multipliers change.
 
     Parameters
     ----------
@@ -392,6 +393,9 @@ class ExactStream:
         self.prefix_size = [0] * batch_size
         self.forgotten = [set() for _ in range(batch_size)]
         self.multipliers = [[{} for _ in range(H)] for _ in range(batch_size)]
+        # per sequence: what the framework layer derived from the multipliers for its readout
+        # (None: to be rebuilt); cleared whenever they change
+        self.read_cache = [None] * batch_size
         self.evicted = 0
         self.over_budget = 0
 
@@ -450,16 +454,6 @@ class ExactStream:
         """Move the stream to the next position (after every sequence stored its token)."""
         self.position += 1
 
-    def read_sets(self, b, h, hybrid):
-        """Positions and multipliers read by a query of sequence b, head h: the gated prefix
-        (multiplier > 0), then, for the hybrid, the current chunk at multiplier 1."""
-        prefix = [p for p, m in self.multipliers[b][h].items() if m > 0]
-        mult = [self.multipliers[b][h][p] for p in prefix]
-        if hybrid:
-            local = [p for p in self.local[b] if p not in self.forgotten[b]]
-            prefix, mult = prefix + local, mult + [1.0] * len(local)
-        return prefix, mult
-
     # ------------------------------------------------------------------ internals
     def _drop(self, b, position):
         """Forget the stored key and value of a position no head and no later read needs."""
@@ -480,6 +474,7 @@ class ExactStream:
         else:
             mult = {p: 1.0 for p in self.ids[b][h]}
         self.multipliers[b][h] = mult
+        self.read_cache[b] = None
 
     def _admit_chunk(self, b):
         """Admit the finished chunk of sequence b, evict over the budget, drop unheld keys."""

@@ -23,9 +23,10 @@ provides:
 * streaming: ``no_grad()`` (a context), ``stored_keys(k)`` ((B, H, D) -> per sequence a
   detached (H, D) float64 CPU key, as :class:`svtoolkit._gate_core.ExactStream` stores it),
   ``stored_values(v)`` (detached, indexed by sequence), ``stack(arrays, axis=0)``,
-  ``zeros_like(a)``, ``stack_keys(keys, dtype)`` (stored keys -> one (n, D) array),
-  ``array(values, dtype)``, ``exp``, ``max``, ``sum(a, axis=None)``, ``where``,
-  ``masked_min(a, mask)``, and the Python booleans ``any(mask)`` and ``positive(scalar)``.
+  ``stack_keys(keys, dtype)`` (stored keys -> one array), ``array(values, dtype)``,
+  ``concat(arrays, axis)``, ``heads_first(a)`` ((n, H, ...) -> (H, n, ...)), ``exp``,
+  ``sum(a, axis=None)``, ``where``, and the row reductions ``masked_max(a, mask)`` and
+  ``masked_min(a, mask)`` (over the last axis, kept as an axis of length 1).
 """
 
 from __future__ import annotations
@@ -239,34 +240,72 @@ class SVStreamCore(ExactStream):
         self.end_token()
         return layer.o_proj(ops.merge_heads(ops.stack(outs)))
 
+    def nbytes(self):
+        """Bytes this state retains for future tokens: the stored keys and values, and the
+        cached prefix tensors of the readout (see :meth:`_prefix_tensors`)."""
+        stored = (a.nbytes for per_seq in (*self.keys, *self.values) for a in per_seq.values())
+        cached = (a.nbytes for entry in self.read_cache if entry is not None
+                  for a in entry[1:])
+        return int(sum(stored) + sum(cached))
+
     def _read(self, layer, b, q):
-        """Readout of one query (H, D) of sequence b -> (H, Dv).
+        """Readout of one query (H, D) of sequence b -> (H, Dv), every head at once.
 
         The RBF weights are computed here from coordinate differences of the stored keys (one
         query against a short list; no Gram block to expand): equal to the ``forward_exact``
-        readout to rounding (tested to 1e-12 in float64 torch).
+        readout to rounding (tested to 1e-12 in float64 torch). Entries of weight 0 (the
+        padding of heads with fewer keys) are read as absent.
         """
         ops = layer.ops
-        outs = []
-        for h in range(layer.n_heads):
-            prefix, mult = self.read_sets(b, h, layer.hybrid)
-            if not prefix:
-                outs.append(ops.zeros_like(self.values[b][self.position][h]))
-                continue
-            keys = ops.stack_keys([self.keys[b][p][h] for p in prefix], q.dtype)
-            values = ops.stack([self.values[b][p][h] for p in prefix])
-            weight = ops.array(mult, q.dtype)
-            if layer.hybrid:
-                logits = keys @ q[h] / math.sqrt(layer.head_dim)
-                weight = weight * ops.exp(logits - ops.max(logits))
-            else:
-                sq = ops.sum((keys - q[h]) ** 2, axis=-1)
-                readable = weight > 0
-                if layer.qk_norm == "none" and ops.any(readable):
-                    # the readout's shift (see sv_rbf_readout); unreadable keys unshifted
-                    sq = ops.where(readable, sq - ops.masked_min(sq, readable), sq)
-                weight = weight * ops.exp(-sq / layer.sigma**2)
-            total = ops.sum(weight)
-            outs.append(weight @ values / total if ops.positive(total)
-                        else ops.zeros_like(values[0]))
-        return ops.stack(outs)
+        keys, values, weight = self._read_set(layer, b, q.dtype)  # (H, P, D), (H, P, Dv), (H, P)
+        readable = weight > 0
+        if layer.hybrid:
+            logits = (keys @ q[:, :, None])[:, :, 0] / math.sqrt(layer.head_dim)
+            scaled = weight * ops.exp(logits - ops.masked_max(logits, readable))
+            weight = ops.where(readable, scaled, 0.0)
+        else:
+            sq = ops.sum((keys - q[:, None, :]) ** 2, axis=-1)
+            if layer.qk_norm == "none":  # the readout's shift (see sv_rbf_readout)
+                sq = ops.where(readable, sq - ops.masked_min(sq, readable), sq)
+            weight = weight * ops.exp(-sq / layer.sigma**2)
+        total = ops.sum(weight, axis=-1)[:, None]
+        out = (weight[:, None, :] @ values)[:, 0]
+        return ops.where(total > 0, out / total, 0.0)
+
+    def _read_set(self, layer, b, dtype):
+        """Keys (H, P, D), values (H, P, Dv) and multipliers (H, P) read by sequence b's query:
+        the gated prefix (cached until the multipliers change), then, for the hybrid, the
+        current chunk's tokens at multiplier 1."""
+        ops = layer.ops
+        entry = self.read_cache[b]
+        if entry is None or entry[0] != dtype:
+            entry = self.read_cache[b] = (dtype, *self._prefix_tensors(layer, b, dtype))
+        keys, values, weight = entry[1:]
+        local = [p for p in self.local[b] if p not in self.forgotten[b]] if layer.hybrid else []
+        if not local:
+            return keys, values, weight
+        local_keys = ops.heads_first(ops.stack_keys([self.keys[b][p] for p in local], dtype))
+        local_values = ops.heads_first(ops.stack([self.values[b][p] for p in local]))
+        ones = ops.array([[1.0] * len(local)] * layer.n_heads, dtype)
+        return (ops.concat([keys, local_keys], 1), ops.concat([values, local_values], 1),
+                ops.concat([weight, ones], 1))
+
+    def _prefix_tensors(self, layer, b, dtype):
+        """The gated prefix of sequence b as contiguous per-head tensors.
+
+        Head h's keys of multiplier > 0, padded to the longest head (and to one entry at
+        least) with the current token's key at multiplier 0. Rebuilt only when the
+        multipliers change (a chunk boundary, a ``forget``), not at every token.
+        """
+        ops = layer.ops
+        rows = [[(p, m) for p, m in self.multipliers[b][h].items() if m > 0]
+                for h in range(layer.n_heads)]
+        width = max(1, *(len(row) for row in rows))
+        pad = (self.position, 0.0)
+        rows = [row + [pad] * (width - len(row)) for row in rows]
+        keys = ops.stack([ops.stack_keys([self.keys[b][p][h] for p, _ in row], dtype)
+                          for h, row in enumerate(rows)])
+        values = ops.stack([ops.stack([self.values[b][p][h] for p, _ in row])
+                            for h, row in enumerate(rows)])
+        weight = ops.array([[m for _, m in row] for row in rows], dtype)
+        return keys, values, weight

@@ -85,12 +85,18 @@ def test_the_operations_agree_across_the_namespaces():
     np.testing.assert_array_equal(t.merge_heads(t.split_heads(yt, 2, 4)).numpy(), y)
     np.testing.assert_array_equal(np.array(m.merge_heads(m.split_heads(ym, 2, 4))), y)
     np.testing.assert_allclose(t.rms_norm(yt).numpy(), np.array(m.rms_norm(ym)), rtol=1e-12)
-    mask = y[0, 0] > 0
+    mask = y[0] > 0
+    mask[1] = False  # a row without a True entry
     mt, mm = torch.from_numpy(mask.copy()), mx.array(mask)
-    assert float(t.masked_min(yt[0, 0], mt)) == float(np.array(m.masked_min(ym[0, 0], mm))) \
-        == y[0, 0][mask].min()
-    assert t.any(mt) is m.any(mm) is True
-    assert t.positive(yt[0, 0, 0]) is m.positive(ym[0, 0, 0]) is bool(y[0, 0, 0] > 0)
+    for name, reduce, empty in (("masked_min", np.min, np.inf), ("masked_max", np.max, -np.inf)):
+        want = np.array([[reduce(row[keep]) if keep.any() else empty]
+                         for row, keep in zip(y[0], mask)])
+        np.testing.assert_array_equal(getattr(t, name)(yt[0], mt).numpy(), want)
+        np.testing.assert_array_equal(np.array(getattr(m, name)(ym[0], mm)), want)
+    np.testing.assert_array_equal(t.heads_first(yt).numpy(), y.swapaxes(0, 1))
+    np.testing.assert_array_equal(np.array(m.heads_first(ym)), y.swapaxes(0, 1))
+    np.testing.assert_array_equal(t.concat([yt, yt], 1).numpy(), np.concatenate([y, y], 1))
+    np.testing.assert_array_equal(np.array(m.concat([ym, ym], 1)), np.concatenate([y, y], 1))
     keys = [y[0, 0], y[0, 1]]
     assert t.stack_keys([torch.from_numpy(k.copy()) for k in keys], torch.float32).dtype \
         == torch.float32

@@ -3,8 +3,8 @@
 :mod:`svtoolkit._layer_core` drives the SV layers of :mod:`svtoolkit.mlx.layers` through this
 namespace; :mod:`svtoolkit.torch.layers._tensor_ops` is its torch twin, with the same names.
 Where the two differ it is for MLX's sake: no autograd tape to switch off (``no_grad``), no
-boolean indexing (``masked_min``), no ``F.rms_norm`` (``rms_norm`` written out with torch's
-default eps), keys stored as NumPy arrays (``stored_keys``; MLX has float64 on the CPU only).
+``F.rms_norm`` (``rms_norm`` written out with torch's default eps), keys stored as NumPy
+arrays (``stored_keys``; MLX has float64 on the CPU only).
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from .ops import (
 
 __all__ = [
     "SUPPORTED_DTYPES",
-    "any",
     "array",
     "array_type",
+    "concat",
     "dtype_text",
     "exact_sv_gate",
     "exp",
+    "heads_first",
     "is_floating",
+    "masked_max",
     "masked_min",
-    "max",
     "merge_heads",
     "no_grad",
-    "positive",
     "rms_norm",
     "split_heads",
     "stack",
@@ -51,7 +51,6 @@ __all__ = [
     "sv_rbf_readout",
     "uniform_sv_gate",
     "where",
-    "zeros_like",
 ]
 
 #: the framework's array class
@@ -62,7 +61,6 @@ SUPPORTED_DTYPES = (mx.float32, mx.float64)
 exp = mx.exp
 stack = mx.stack
 where = mx.where
-zeros_like = mx.zeros_like
 
 
 def is_floating(x):
@@ -107,7 +105,7 @@ def stored_values(v):
 
 
 def stack_keys(keys, dtype):
-    """Stored (D,) float64 keys -> one (n, D) array of ``dtype``."""
+    """Stored float64 keys (each of one shape) -> one array of ``dtype``, stacked on axis 0."""
     return mx.array(np.stack(keys), dtype=dtype)
 
 
@@ -115,24 +113,27 @@ def array(values, dtype):
     return mx.array(values, dtype=dtype)
 
 
-# max, sum, any: the names of torch's and MLX's reductions (the builtins are not used here)
-def max(a):
-    return mx.max(a)
+def concat(arrays, axis):
+    return mx.concatenate(arrays, axis)
 
 
+def heads_first(a):
+    """(n, H, ...) -> (H, n, ...)."""
+    return mx.swapaxes(a, 0, 1)
+
+
+# sum: the name of torch's and MLX's reduction (the builtin is not used here)
 def sum(a, axis=None):
     return mx.sum(a, axis=axis)
 
 
+def masked_max(a, mask):
+    """Largest entry of each row of ``a`` (last axis) where ``mask`` holds, shape (..., 1);
+    -inf on a row without one."""
+    return mx.max(mx.where(mask, a, -math.inf), axis=-1, keepdims=True)
+
+
 def masked_min(a, mask):
-    """The smallest entry of ``a`` where ``mask`` holds (``mask`` has one True at least)."""
-    inf = mx.array(math.inf, dtype=a.dtype)
-    return mx.min(mx.where(mask, a, inf))
-
-
-def any(mask):
-    return mx.any(mask).item()
-
-
-def positive(scalar):
-    return scalar.item() > 0
+    """Smallest entry of each row of ``a`` (last axis) where ``mask`` holds, shape (..., 1);
+    +inf on a row without one."""
+    return mx.min(mx.where(mask, a, math.inf), axis=-1, keepdims=True)

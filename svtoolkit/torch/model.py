@@ -114,7 +114,7 @@ class TinyLMState:
 
         KV caches, ring buffers and memories count their tensors (each state's ``nbytes``);
         an SV stream counts the keys and values it still stores (the admitted prefix and the
-        current chunk), not its solvers' bookkeeping.
+        current chunk) and its readout's cached prefix tensors, not its solvers' bookkeeping.
         """
         return sum(_state_nbytes(s) for s in self.layers)
 
@@ -133,9 +133,6 @@ def _state_nbytes(state) -> int:
         return sum(_state_nbytes(s) for s in state)
     if callable(getattr(state, "nbytes", None)):
         return int(state.nbytes())
-    keys, values = getattr(state, "keys", None), getattr(state, "values", None)
-    if isinstance(keys, list) and isinstance(values, list):  # SV stream: per-sequence dicts
-        return sum(_tensor_bytes(t) for per_seq in (*keys, *values) for t in per_seq.values())
     raise TypeError(f"cannot measure the size of a {type(state).__name__} state")
 
 

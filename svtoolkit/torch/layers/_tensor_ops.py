@@ -7,6 +7,8 @@ this namespace; :mod:`svtoolkit.mlx._tensor_ops` is its MLX twin, with the same 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -20,18 +22,18 @@ from ..ops.chunked_sv import (
 
 __all__ = [
     "SUPPORTED_DTYPES",
-    "any",
     "array",
     "array_type",
+    "concat",
     "dtype_text",
     "exact_sv_gate",
     "exp",
+    "heads_first",
     "is_floating",
+    "masked_max",
     "masked_min",
-    "max",
     "merge_heads",
     "no_grad",
-    "positive",
     "rms_norm",
     "split_heads",
     "stack",
@@ -44,7 +46,6 @@ __all__ = [
     "sv_rbf_readout",
     "uniform_sv_gate",
     "where",
-    "zeros_like",
 ]
 
 #: the framework's array class
@@ -55,7 +56,6 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 exp = torch.exp
 stack = torch.stack
 where = torch.where
-zeros_like = torch.zeros_like
 
 
 def is_floating(x):
@@ -97,7 +97,7 @@ def stored_values(v):
 
 
 def stack_keys(keys, dtype):
-    """Stored (D,) float64 keys -> one (n, D) tensor of ``dtype``."""
+    """Stored float64 keys (each of one shape) -> one array of ``dtype``, stacked on axis 0."""
     return torch.stack(keys).to(dtype)
 
 
@@ -105,23 +105,27 @@ def array(values, dtype):
     return torch.tensor(values, dtype=dtype)
 
 
-# max, sum, any: the names of torch's and MLX's reductions (the builtins are not used here)
-def max(a):
-    return a.max()
+def concat(arrays, axis):
+    return torch.cat(arrays, axis)
 
 
+def heads_first(a):
+    """(n, H, ...) -> (H, n, ...)."""
+    return a.transpose(0, 1)
+
+
+# sum: the name of torch's and MLX's reduction (the builtin is not used here)
 def sum(a, axis=None):
     return a.sum() if axis is None else a.sum(axis)
 
 
+def masked_max(a, mask):
+    """Largest entry of each row of ``a`` (last axis) where ``mask`` holds, shape (..., 1);
+    -inf on a row without one."""
+    return a.masked_fill(~mask, -math.inf).amax(-1, keepdim=True)
+
+
 def masked_min(a, mask):
-    """The smallest entry of ``a`` where ``mask`` holds (``mask`` has one True at least)."""
-    return a[mask].min()
-
-
-def any(mask):
-    return bool(mask.any())
-
-
-def positive(scalar):
-    return bool(scalar > 0)
+    """Smallest entry of each row of ``a`` (last axis) where ``mask`` holds, shape (..., 1);
+    +inf on a row without one."""
+    return a.masked_fill(~mask, math.inf).amin(-1, keepdim=True)
