@@ -1,4 +1,5 @@
-"""svtoolkit.torch.set_threads: thread counts for torch and Numba without torch's LU bug."""
+"""svtoolkit.torch.set_threads: thread counts for torch, Numba and BLAS without torch's LU
+bug."""
 
 import subprocess
 import sys
@@ -22,16 +23,19 @@ A = gen.standard_normal((16, 193, 193)) + 193 * np.eye(193)
 b = gen.standard_normal((16, 193, 1))
 x = torch.linalg.solve(torch.tensor(A), torch.tensor(b)).numpy()
 worst = float(np.abs(A @ x - b).max())
-assert set_threads(1) is None
-print(limiter is not None, min(omp), numba_threads, worst, torch.get_num_threads())
+set_threads(1)
+import scipy.linalg  # its OpenBLAS must have been limited too: set_threads loads it first
+blas = max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+print(limiter is not None, min(omp), numba_threads, worst, torch.get_num_threads(), blas)
 """
 
 
-def test_set_threads_sets_torch_and_numba_and_keeps_batched_solve_correct():
-    """Runs in a subprocess: thread counts are process-wide."""
+def test_set_threads_sets_torch_numba_and_blas_and_keeps_batched_solve_correct():
+    """Runs in a subprocess: thread counts are process-wide. One thread reaches NumPy's BLAS
+    pool too, which torch.set_num_threads does not."""
     out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
                          timeout=300, check=True)
-    limited, omp, numba_threads, worst, torch_threads = out.stdout.split()[-5:]
+    limited, omp, numba_threads, worst, torch_threads, blas = out.stdout.split()[-6:]
     assert limited == "True"
     assert int(omp) == 2
     import numba
@@ -39,6 +43,7 @@ def test_set_threads_sets_torch_and_numba_and_keeps_batched_solve_correct():
     assert int(numba_threads) == min(2, numba.config.NUMBA_NUM_THREADS)
     assert float(worst) <= 1e-10
     assert int(torch_threads) == 1
+    assert int(blas) == 1
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
