@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -86,3 +89,19 @@ def fmt_us(seconds):
 
 def fmt_ms(seconds):
     return "—" if seconds is None else f"{seconds * 1e3:,.2f}"
+
+
+@contextlib.contextmanager
+def competing_process(enabled=True):
+    """Run one CPU-bound process (a Python busy loop) for the duration of the block, when
+    ``enabled``: the load of a shared machine, which spinning thread pools react to."""
+    if not enabled:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # let it reach the CPU before the measurement starts
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
