@@ -246,15 +246,19 @@ def _polish(K, C, raw, max_repairs):
 
 def _canonical(K, C, alpha, rho, sets):
     """Margin coefficients within ``BOUND_SNAP * C`` of a bound, or within the rounding bound
-    of sum(a) (:func:`_sum_rounding`), join that bound's set (the exact solver's rule, so both
-    report the same partition); with S then empty, rho is the midpoint of its optimal interval
-    (the solver's convention)."""
+    of sum(a) (:func:`_sum_rounding`), join that bound's set - all of them, and only if the
+    mass they move together is within the same bound (the exact solver's rule, so both report
+    the same partition); with S then empty, rho is the midpoint of its optimal interval (the
+    solver's convention)."""
     margin, error, reserve = sets
     sum_tol = _sum_rounding(alpha)
     at_upper = (alpha[margin] >= C * (1.0 - BOUND_SNAP)) | (C - alpha[margin] <= sum_tol)
     at_lower = ~at_upper & ((alpha[margin] <= C * BOUND_SNAP)
                             | (alpha[margin] <= sum_tol))
     if not (at_upper.any() or at_lower.any()):
+        return alpha, rho, sets
+    moved = float(np.sum(C - alpha[margin[at_upper]]) - np.sum(alpha[margin[at_lower]]))
+    if abs(moved) > max(BOUND_SNAP * C, sum_tol):
         return alpha, rho, sets
     alpha = alpha.copy()
     alpha[margin[at_upper]] = C

@@ -163,8 +163,6 @@ def test_keys_with_duplicates_deleted_down_to_n_C_one(jitter):
     assert_on_vertex(s)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: the rest state's bound snap (BOUND_SNAP C) "
-                   "moves both margin keys of this pair onto C, leaving sum(a) = 1 + 6e-13")
 def test_a_pair_just_above_the_vertex_keeps_its_margin_keys():
     """Two keys with 2 C - 1 = 6e-13 (above FEASIBILITY_TOL, so not the vertex): the optimum
     splits the mass equally, a = (1/2, 1/2), both margin keys 3e-13 below C. Each lies within
@@ -177,3 +175,25 @@ def test_a_pair_just_above_the_vertex_keeps_its_margin_keys():
     s.extend(X)
     assert abs(s.alpha.sum() - 1.0) <= 4 * EPS
     np.testing.assert_allclose(s.alpha, [0.5, 0.5], rtol=0, atol=4 * EPS)
+
+
+def test_the_reference_canonical_form_keeps_the_pair_too():
+    """The reference's canonical form snaps by the solver's rule: given the pair's optimum as
+    two margin keys, it keeps them (each is within BOUND_SNAP C of C, the two together are
+    not); a single margin key that close is snapped."""
+    from svtoolkit.kernels import rbf_kernel
+    from svtoolkit.reference import _canonical
+
+    X = np.random.default_rng(109).standard_normal((3, 2))
+    C = 0.5 + 3e-13
+    K = rbf_kernel(X[:2], sigma=2.5)
+    none = np.array([], dtype=int)
+    alpha, _, (margin, error, _) = _canonical(K, C, np.array([0.5, 0.5]), 0.0,
+                                              (np.array([0, 1]), none, none))
+    np.testing.assert_array_equal(alpha, [0.5, 0.5])
+    assert list(margin) == [0, 1] and len(error) == 0
+    C3 = 0.4  # one key 3e-13 below C (within BOUND_SNAP C = 4e-13), a free margin key
+    alpha, _, (margin, error, _) = _canonical(rbf_kernel(X, sigma=2.5), C3,
+                                              np.array([C3, C3 - 3e-13, 0.2 + 3e-13]), 0.0,
+                                              (np.array([1, 2]), np.array([0]), none))
+    assert alpha[1] == C3 and list(error) == [0, 1] and list(margin) == [2]

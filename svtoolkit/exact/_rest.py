@@ -360,9 +360,26 @@ def at_lower_bound(a, C, sum_tol):
 @njit
 def snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist):
     """At rest, a margin coefficient within a residue of a bound (:func:`at_upper_bound`,
-    :func:`at_lower_bound`) joins that bound's set; returns the number snapped."""
+    :func:`at_lower_bound`) joins that bound's set; returns the number snapped.
+
+    Each snap moves mass off the equality ``sum(a) = 1``, which the correction walk then puts
+    back on the margin keys left (if any). So the snaps are taken together or not at all: only
+    if the mass they move together is itself a residue, at most ``max(BOUND_SNAP * C,
+    sum_tol)`` - the bound each key meets on its own. Two keys 3e-13 below C = 1/2 + 3e-13
+    each (the optimum splits the mass equally) are both within BOUND_SNAP C of it, but
+    together they are 6e-13 off the sum, with no margin key left to take it back.
+    """
     C = fs[_C]
     sum_tol = sum_rounding(alpha, ist[_N])
+    moved = 0.0
+    for p in range(ist[_M]):
+        j = S[p]
+        if j != ist[_ANCHOR] and at_upper_bound(alpha[j], C, sum_tol):
+            moved += C - alpha[j]
+        elif at_lower_bound(alpha[j], C, sum_tol):
+            moved -= alpha[j]
+    if abs(moved) > max(BOUND_SNAP * C, sum_tol):
+        return 0
     snapped = 0
     p = 0
     while p < ist[_M]:
