@@ -294,18 +294,24 @@ class SVStreamCore(ExactStream):
         """The gated prefix of sequence b as contiguous per-head tensors.
 
         Head h's keys of multiplier > 0, padded to the longest head (and to one entry at
-        least) with the current token's key at multiplier 0. Rebuilt only when the
-        multipliers change (a chunk boundary, a ``forget``), not at every token.
+        least) with zeros at multiplier 0 (zeros, not a stored key: the tensors must hold no
+        copy of a token a later ``forget`` of the current chunk removes). Rebuilt only when
+        the multipliers change (a chunk boundary, a ``forget`` of an admitted token), not at
+        every token.
         """
         ops = layer.ops
         rows = [[(p, m) for p, m in self.multipliers[b][h].items() if m > 0]
                 for h in range(layer.n_heads)]
         width = max(1, *(len(row) for row in rows))
-        pad = (self.position, 0.0)
-        rows = [row + [pad] * (width - len(row)) for row in rows]
-        keys = ops.stack([ops.stack_keys([self.keys[b][p][h] for p, _ in row], dtype)
-                          for h, row in enumerate(rows)])
-        values = ops.stack([ops.stack([self.values[b][p][h] for p, _ in row])
-                            for h, row in enumerate(rows)])
-        weight = ops.array([[m for _, m in row] for row in rows], dtype)
+        zero_key = self.keys[b][self.position][0] * 0.0  # this token is stored: shapes, dtypes
+        zero_value = self.values[b][self.position][0] * 0.0
+
+        def padded(table, zero):
+            return [[table[p][h] for p, _ in row] + [zero] * (width - len(row))
+                    for h, row in enumerate(rows)]
+
+        keys = ops.stack([ops.stack_keys(row, dtype) for row in padded(self.keys[b], zero_key)])
+        values = ops.stack([ops.stack(row) for row in padded(self.values[b], zero_value)])
+        weight = ops.array([[m for _, m in row] + [0.0] * (width - len(row)) for row in rows],
+                           dtype)
         return keys, values, weight

@@ -260,6 +260,32 @@ def test_forget_equals_a_run_without_the_token(cls):
     assert (outs[0, 8:21] - ref[0, 8:21]).abs().max() > 1e-6  # history is not rewritten
 
 
+@pytest.mark.parametrize("cls", LAYERS)
+def test_a_forgotten_token_leaves_no_copy_in_the_readout_cache(cls):
+    """The readout's cached prefix tensors hold no copy of a forgotten token: a forget of an
+    admitted token drops them, and their padding is zeros, not the key of the token being
+    read (which a forget of the current chunk removes without touching the cache)."""
+    layer = _layer(cls)
+    x = _inputs(T=20)
+    state = layer.init_state(2)
+    for t in range(20):
+        _, state = layer.step(x[:, t], state)
+        if t in (0, 5, 11):  # the cache was just built (t = 0: an empty prefix, all padding)
+            assert state.forget(0, t) == "masked"
+        if t == 17:
+            assert state.forget(0, 3) == "decremented"
+            assert state.read_cache[0] is None
+        cached = state.read_cache[0]
+        if cached is None:
+            continue
+        rows = torch.cat([a.reshape(-1, a.shape[-1]) for a in cached[1:3]], 1)
+        for p in sorted(state.forgotten[0]):
+            for h in range(layer.n_heads):
+                forgotten = torch.cat([layer._qkv(x[:, p:p + 1])[1][0, 0, h],
+                                       layer._qkv(x[:, p:p + 1])[2][0, 0, h]]).detach()
+                assert not (rows == forgotten).all(1).any(), (t, p, h)
+
+
 def _snapshot(state):
     """Everything a forget could change, as plain comparable data."""
     return dict(
