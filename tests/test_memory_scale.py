@@ -33,7 +33,7 @@ from svtoolkit.memory import (
 )
 import svtoolkit.memory._audit as audit_module
 from svtoolkit.memory._audit import (AUDIT_PERIOD, AUDIT_WORK, MAX_STRIDE, MIN_KEYS,
-                                     RollingAudit, schedule)
+                                     RollingAudit, gather_work, key_work, schedule)
 from svtoolkit.memory._codec import non_canonical_values
 from svtoolkit.memory._signing import receipt_mac
 from svtoolkit.memory._table import RecordTable, record_leaf
@@ -260,34 +260,44 @@ def test_the_schedule_covers_every_key_and_column_within_one_period(n, m):
                                               (10**5, 5, 10**5, 384)])
 def test_a_slice_costs_at_most_the_audit_work_per_operation_and_still_cycles(n, m, support, d):
     """Where the period's slice would cost more than AUDIT_WORK multiply-adds per operation,
-    it checks fewer keys (at least one): the cost per change is bounded, the cycle longer."""
-    work = support * d
-    stride, keys, columns = schedule(n, m, work)
-    assert (stride, columns) == schedule(n, m)[::2]  # only the keys per slice change
+    it checks fewer keys (at least one): the cost per change is bounded, the cycle longer.
+    The slice's fixed cost (the gather) is spread over at least 2 gather / AUDIT_WORK
+    operations."""
+    work, gather = key_work(support, d), gather_work(n, d)
+    stride, keys, columns = schedule(n, m, work, gather)
+    assert stride >= schedule(n, m)[0] and columns <= schedule(n, m)[2]
+    assert stride == MAX_STRIDE or 2 * gather <= AUDIT_WORK * stride
     assert 1 <= keys <= schedule(n, m)[1]
-    assert keys * work <= max(AUDIT_WORK * stride, work)  # one key always fits
-    if keys < schedule(n, m)[1]:  # capped: the most that fit
-        assert (keys + 1) * work > AUDIT_WORK * stride
-    else:
-        assert stride * (-(-n // keys) - 1) + 1 <= AUDIT_PERIOD
+    assert gather + keys * work <= max(AUDIT_WORK * stride, gather + work)  # one key fits
+    if keys < min(n, MIN_KEYS, schedule(n, m)[1]):  # capped: the most that fit
+        assert gather + (keys + 1) * work > AUDIT_WORK * stride
+    assert keys < schedule(n, m)[1] or stride * (-(-n // keys) - 1) + 1 <= AUDIT_PERIOD
 
 
-def test_the_large_support_that_made_a_change_slow_gets_slices_of_twenty_keys():
-    # 10^5 records, 30,006 of them in the support, d = 16: 100 keys per slice cost 22 ms
-    assert schedule(10**5, 17, 30006 * 16) == (1, 20, 4)  # every key within 5,000 operations
-    assert schedule(10**5, 17, 327 * 16) == (1, 100, 4)  # a small support: the period's slice
+def test_the_large_support_that_made_a_change_slow_gets_a_slice_of_nine_keys_every_third():
+    # 10^5 records, 30,006 of them in the support, d = 16: 100 keys per slice cost 22 ms, 20
+    # keys 12 ms (the exponential, not counted then, costs more than the 16 multiply-adds),
+    # and gathering the support 3-4.5 ms of it, whatever the number of keys
+    assert key_work(30006, 16) == 30006 * 40 and gather_work(10**5, 16) == 4 * 16 * 10**5
+    found = schedule(10**5, 17, key_work(30006, 16), gather_work(10**5, 16))
+    assert found == (3, 9, 4)  # every key within 33,336 operations
+    # a small support: the period's slice, every third operation
+    assert schedule(10**5, 17, key_work(327, 16), gather_work(10**5, 16)) == (3, 301, 4)
 
 
 def test_a_slice_checks_what_the_support_allows(monkeypatch):
-    """The slice reads the support and the dimension from the solver it audits."""
+    """The slice reads the support, the dimension and the keys held from the solver."""
     mem, _ = built(14, n=150)
     solver = mem._solver
-    work = solver.support_size * solver.n_features
+    work = key_work(solver.support_size, solver.n_features)
+    gather = gather_work(len(solver), solver.n_features)
     assert solver.support_size == len(solver.margin_ids) + len(solver.error_ids) > 0
-    monkeypatch.setattr(audit_module, "AUDIT_WORK", work // 8)  # an eighth of a key each
     stride = schedule(150, len(solver.margin_ids))[0]
+    # a budget for the gather and 8 keys per slice
+    monkeypatch.setattr(audit_module, "AUDIT_WORK", (gather + 8 * work) // stride + 1)
+    assert audit_module.schedule(150, len(solver.margin_ids), work, gather)[:2] == (stride, 8)
     found = RollingAudit().slice(solver, repair=False)
-    assert found["gradients_checked"] == (work // 8) * stride // work < MIN_KEYS
+    assert found["gradients_checked"] == 8
 
 
 def test_small_memories_take_a_slice_every_stride_operations_and_large_ones_every_one():

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._rules import BOUND_SNAP
+from .._jit import njit
 from .._validation import largest_violation
 from . import _bulk as B
 from . import _walk as W
-from ._rest import sum_rounding
+from ._rest import at_lower_bound, at_upper_bound, sum_rounding
 
 __all__ = ["Consistency", "Audit", "AuditSlice", "fresh_gradients", "kkt_residual_from",
            "rho_offset", "bordered_matrix", "margin_rows_drift"]
@@ -185,33 +185,49 @@ def _blas_distances_accurate(Xt, n, support, inv_sigma2):
 def kkt_residual_from(g, alpha, status, n, anchor, C, rho):
     """The KKT residual of the coefficients ``alpha[:n]`` given their gradients ``g`` (n,).
 
-    The terms of :meth:`IncrementalSVDD.kkt_residual`, and rho's offset (:func:`rho_offset`)
-    when every margin coefficient is a rounding residue of a bound. ``rho`` is rho'.
+    The terms of :meth:`IncrementalSVDD.kkt_residual` (twice the equality's and the box's
+    violations, |g| on margin keys, g > 0 on error keys, g < 0 on reserve keys), and rho's
+    offset (:func:`rho_offset`) when every margin coefficient is a rounding residue of a
+    bound. ``rho`` is rho'. One pass over the keys: a memory certifies every change with it.
 
     Returns
     -------
     float
+        The largest term; ``inf`` when any term is NaN.
     """
-    a = alpha[:n]
-    st = status[:n]
-    ub = np.full(n, C)
-    if anchor >= 0:
-        ub[anchor] = np.inf
-    terms = [
-        2.0 * abs(a.sum() - 1.0),
-        2.0 * float(np.max(np.maximum(-a, 0.0))),
-        2.0 * float(np.max(np.maximum(a - ub, 0.0))),
-    ]
-    for code, violation in (
-        (W.MARGIN, np.abs(g)),
-        (W.ERROR, np.maximum(g, 0.0)),
-        (W.RESERVE, np.maximum(-g, 0.0)),
-    ):
-        terms.append(float(np.max(violation[st == code], initial=0.0)))
+    if n == 0:
+        return 0.0
+    # the sum pairwise (NumPy's), as a fresh reader of the coefficients would take it
+    top = _kkt_terms(g, alpha, status, n, anchor, C, float(alpha[:n].sum()))
     pinned, offset = rho_offset(g, alpha, status, n, anchor, C, rho)
     if pinned:  # a margin set of residues only fixes nothing: rho must be a fresh solve's
-        terms.append(offset)
-    return largest_violation(terms)
+        top = largest_violation([top, offset])
+    return top
+
+
+@njit
+def _kkt_terms(g, alpha, status, n, anchor, C, total):
+    """max of the KKT terms of :func:`kkt_residual_from` but rho's offset (inf on a NaN);
+    ``total`` is sum(a)."""
+    top = 0.0
+    for i in range(n):
+        a = alpha[i]
+        ub = np.inf if i == anchor else C
+        v = max(-a, a - ub, 0.0) * 2.0
+        st = status[i]
+        if st == W.MARGIN:
+            v = max(v, abs(g[i]))
+        elif st == W.ERROR:
+            v = max(v, g[i])
+        elif st == W.RESERVE:
+            v = max(v, -g[i])
+        if v != v or a != a or g[i] != g[i]:
+            return np.inf
+        top = max(top, v)
+    v = 2.0 * abs(total - 1.0)
+    if v != v:
+        return np.inf
+    return max(top, v)
 
 
 def rho_offset(g, alpha, status, n, anchor, C, rho):
@@ -228,20 +244,42 @@ def rho_offset(g, alpha, status, n, anchor, C, rho):
     """
     if n == 0 or anchor >= 0:
         return False, 0.0
-    a, st = alpha[:n], status[:n]
-    sum_tol = sum_rounding(alpha, n)
-    margin = st == W.MARGIN
-    upper = margin & ((a >= C * (1.0 - BOUND_SNAP)) | (C - a <= sum_tol))
-    lower = margin & ~upper & ((a <= C * BOUND_SNAP) | (a <= sum_tol))
-    if (margin & ~upper & ~lower).any():
+    free, margin, lo, hi = _rho_interval(g, alpha, status, n, C, rho, sum_rounding(alpha, n))
+    if free:
         return False, 0.0
-    h = rho - g
-    lo = float(np.max(h[(st == W.RESERVE) | lower], initial=-np.inf))
-    hi = float(np.min(h[(st == W.ERROR) | upper], initial=np.inf))
     if lo == -np.inf and hi == np.inf:
-        return bool(margin.any()), 0.0
+        return margin, 0.0
     choice = hi if lo == -np.inf else lo if hi == np.inf else 0.5 * (lo + hi)
-    return bool(margin.any()), largest_violation([abs(rho - choice)])
+    return margin, largest_violation([abs(rho - choice)])
+
+
+@njit
+def _rho_interval(g, alpha, status, n, C, rho, sum_tol):
+    """``(free, margin, lo, hi)``: whether a margin coefficient is free of both bounds,
+    whether any margin key is held, and rho's optimal interval ``[lo, hi]`` from the keys at
+    (or within a residue of) a bound (see :func:`rho_offset`)."""
+    margin = False
+    lo = -np.inf
+    hi = np.inf
+    for i in range(n):
+        st = status[i]
+        h = rho - g[i]
+        if h != h:  # no interval: the offset reads as NaN, which the caller takes as inf
+            return False, True, np.nan, np.nan
+        if st == W.MARGIN:
+            margin = True
+            a = alpha[i]
+            if at_upper_bound(a, C, sum_tol):
+                hi = min(hi, h)
+            elif at_lower_bound(a, C, sum_tol):
+                lo = max(lo, h)
+            else:
+                return True, True, lo, hi
+        elif st == W.RESERVE:
+            lo = max(lo, h)
+        elif st == W.ERROR:
+            hi = min(hi, h)
+    return False, margin, lo, hi
 
 
 def bordered_matrix(S, KSt, m):

@@ -15,12 +15,15 @@ spread over the operations instead of paid by each. Either way a key held for
 ``AUDIT_PERIOD`` operations has had its maintained gradient compared with a fresh one at least
 once in them (solver ids never move; a memory that grows meanwhile stretches the cycle by the
 keys it added). One key's fresh gradient sums a kernel term over every support record
-(``|support| d`` multiply-adds), so where the slice of ``ceil(n / P)`` keys would cost more
-than ``AUDIT_WORK`` multiply-adds per operation (large memories with a large support: 100 keys
-against 30,006 support records of d = 16 took 22 ms, more than the rest of the change), a
-slice checks ``floor(AUDIT_WORK stride / (|support| d))`` keys (at least one) and the cycle
-grows past ``AUDIT_PERIOD`` instead: the audit's cost per change stays bounded and the
-guarantee becomes "within ``stride ceil(n / keys)`` operations". Every slice also compares rho
+(``|support| (d + KERNEL_TERM_COST)`` multiply-adds, :func:`key_work`: the distance and the
+exponential), so where the slice of ``ceil(n / P)`` keys would cost more than ``AUDIT_WORK``
+multiply-adds per operation (large memories with a large support: 100 keys against 30,006
+support records of d = 16 took 22 ms, more than the rest of the change), a slice checks
+``floor(AUDIT_WORK stride / key_work)`` keys (at least one) and the cycle grows past
+``AUDIT_PERIOD`` instead: the audit's cost per change stays bounded and the guarantee becomes
+"within ``stride ceil(n / keys)`` operations". A slice's fixed cost, gathering the support
+(which reads the whole key buffer, :func:`gather_work`), takes at most half the budget: large
+memories then take a larger slice every few operations. Every slice also compares rho
 with the rho a fresh solve would report, which differs from the maintained one only while no
 margin key is free (rho is then optimal anywhere in an interval, and a fresh solve reports its
 midpoint; O(n) from the maintained gradients that the slices check). A slice whose drift or
@@ -34,7 +37,8 @@ import numpy as np
 
 from ..exact.solver import AUDIT_GRAD_TOL, AUDIT_INVERSE_TOL
 
-__all__ = ["AUDIT_PERIOD", "AUDIT_WORK", "RollingAudit", "schedule"]
+__all__ = ["AUDIT_PERIOD", "AUDIT_WORK", "RollingAudit", "gather_work", "key_work",
+           "schedule"]
 
 #: Every maintained gradient (and inverse column) is compared with a fresh evaluation at least
 #: once per this many solver-changing operations - the period of the solver's own audit.
@@ -45,13 +49,31 @@ MIN_KEYS = 64
 MIN_COLUMNS = 4
 #: Most operations between two slices, so a small memory still cycles within ~100 operations.
 MAX_STRIDE = 64
+#: What one fresh kernel term costs besides its d multiply-adds (the distance), in
+#: multiply-adds: the exponential. Measured on the 2-core machine: a term of d = 16 took 13-20 ns
+#: and one of d = 384 210 ns, 0.3-0.5 ns per multiply-add so counted.
+KERNEL_TERM_COST = 24
 #: Most multiply-adds of fresh kernel sums that the audit spends per solver-changing operation
-#: (a key's fresh gradient costs ``|support| d``): about 5 ms on the 2-core machine, where
-#: 100 keys against 30,006 support records of d = 16 (4.8e7) took 22 ms.
-AUDIT_WORK = 10**7
+#: (a key's fresh gradient costs :func:`key_work`): about 2-3 ms on the 2-core machine (5 keys
+#: against 30,006 support records of d = 16, where 100 keys took 22 ms).
+AUDIT_WORK = 6 * 10**6
+#: What reading one coordinate of a held key costs, in multiply-adds: a slice gathers the
+#: support's keys from the solver's key buffer once, reading all of it (n d values: 3-4.5 ms
+#: at 10^5 keys of d = 16 on the 2-core machine, whatever the number of keys checked).
+GATHER_COST = 4
 
 
-def schedule(n, m, work=0):
+def key_work(support, d):
+    """Multiply-adds of one key's fresh gradient: ``support (d + KERNEL_TERM_COST)``."""
+    return support * (d + KERNEL_TERM_COST)
+
+
+def gather_work(n, d):
+    """Multiply-adds of a slice's fixed cost, gathering the support: ``GATHER_COST n d``."""
+    return GATHER_COST * n * d
+
+
+def schedule(n, m, work=0, gather=0):
     """``(stride, keys, columns)`` of the rolling audit for n keys and m margin keys.
 
     One slice every ``stride`` solver-changing operations checks ``keys`` gradients and
@@ -59,19 +81,26 @@ def schedule(n, m, work=0):
     checked within ``AUDIT_PERIOD`` operations - unless checking that many keys would cost
     more than ``AUDIT_WORK`` multiply-adds per operation: then ``keys`` is the most that fit
     (at least one), and every key is checked within ``stride ceil(n / keys)`` operations.
+    A slice's fixed cost ``gather`` takes at most half of that budget: a slice is then taken
+    at most every ``ceil(2 gather / AUDIT_WORK)`` operations, its keys paid from the rest.
 
     Parameters
     ----------
     n, m : int
         Keys held, and keys in the margin set.
     work : int, default 0
-        Multiply-adds of one key's fresh gradient, ``|support| d`` (0: no cap).
+        Multiply-adds of one key's fresh gradient, :func:`key_work` (0: no cap).
+    gather : int, default 0
+        Multiply-adds of one slice's fixed cost, :func:`gather_work` (counted only with a
+        ``work``).
     """
     stride = min(MAX_STRIDE, max(1, AUDIT_PERIOD // max(1, -(-n // MIN_KEYS))))
+    if work > 0:
+        stride = min(MAX_STRIDE, max(stride, -(-2 * gather // AUDIT_WORK)))
     slices = AUDIT_PERIOD // stride
     keys = min(n, max(MIN_KEYS, -(-n // slices)))
     if work > 0:
-        keys = min(keys, max(1, AUDIT_WORK * stride // work))
+        keys = min(keys, max(1, (AUDIT_WORK * stride - gather) // work))
     columns = min(m + 1, max(MIN_COLUMNS, -(-(m + 1) // slices))) if m else 0
     return stride, keys, columns
 
@@ -130,8 +159,9 @@ class RollingAudit:
     def slice(self, solver, repair=True):
         """Check the next slice of ``solver``'s maintained state now (see :meth:`step`)."""
         m = solver.margin_size
-        work = solver.support_size * (solver.n_features or 0)
-        stride, n_keys, n_columns = schedule(len(solver), m, work)
+        d = solver.n_features or 0
+        stride, n_keys, n_columns = schedule(len(solver), m, key_work(solver.support_size, d),
+                                             gather_work(len(solver), d))
         self.wait = stride - 1
         chosen = self._next_ids(solver.ids, n_keys)
         cols = self._next_columns(m, n_columns)
