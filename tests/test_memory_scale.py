@@ -269,9 +269,11 @@ def test_a_slice_costs_at_most_the_audit_work_per_operation_and_still_cycles(n, 
     assert stride == MAX_STRIDE or 2 * gather <= AUDIT_WORK * stride
     assert 1 <= keys <= schedule(n, m)[1]
     assert gather + keys * work <= max(AUDIT_WORK * stride, gather + work)  # one key fits
-    if keys < min(n, MIN_KEYS, schedule(n, m)[1]):  # capped: the most that fit
+    period_keys = min(n, max(MIN_KEYS, -(-n // (AUDIT_PERIOD // stride))))  # uncapped
+    if keys < period_keys:  # capped: the most that fit
         assert gather + (keys + 1) * work > AUDIT_WORK * stride
-    assert keys < schedule(n, m)[1] or stride * (-(-n // keys) - 1) + 1 <= AUDIT_PERIOD
+    else:
+        assert stride * (-(-n // keys) - 1) + 1 <= AUDIT_PERIOD
 
 
 def test_the_large_support_that_made_a_change_slow_gets_a_slice_of_nine_keys_every_third():

@@ -54,8 +54,9 @@ MAX_STRIDE = 64
 #: and one of d = 384 210 ns, 0.3-0.5 ns per multiply-add so counted.
 KERNEL_TERM_COST = 24
 #: Most multiply-adds of fresh kernel sums that the audit spends per solver-changing operation
-#: (a key's fresh gradient costs :func:`key_work`): about 2-3 ms on the 2-core machine (5 keys
-#: against 30,006 support records of d = 16, where 100 keys took 22 ms).
+#: (a key's fresh gradient costs :func:`key_work`, a slice's gather :func:`gather_work`): about
+#: 2-3 ms on the 2-core machine (at 10^5 records with 30,006 in the support, d = 16: 9 keys
+#: every third operation, where 100 keys after each took 22 ms).
 AUDIT_WORK = 6 * 10**6
 #: What reading one coordinate of a held key costs, in multiply-adds: a slice gathers the
 #: support's keys from the solver's key buffer once, reading all of it (n d values: 3-4.5 ms
