@@ -29,10 +29,10 @@ COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (about a minu
 def kernel_modules():
     """The modules that define ``@njit`` kernels, imported (each kernel is a module global)."""
     from . import _fista, kernels
-    from .exact import _bulk, _rest, _walk
+    from .exact import _bulk, _consistency, _rest, _walk
     from .memory import _store
 
-    return (kernels, _walk, _rest, _bulk, _fista, _store)
+    return (kernels, _walk, _rest, _bulk, _consistency, _fista, _store)
 
 
 def announce_compilation():
