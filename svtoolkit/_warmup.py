@@ -20,8 +20,9 @@ import numpy as np
 __all__ = ["warmup", "kernel_modules", "announce_compilation", "COMPILE_NOTICE"]
 
 #: The line :func:`announce_compilation` prints. The figure: the first change of a memory store
-#: on an empty cache (walk and settle kernels), CPU time on one core of the machine measured.
-COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (about a minute; later runs "
+#: on an empty cache (walk and settle kernels), wall time on the 2-core machines measured
+#: (16-18 s on an AMD EPYC, 27 s on an Intel Xeon).
+COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (15-30 s; later runs "
                   "load them from Numba's cache; `svtoolkit warmup` compiles all of them "
                   "ahead of time)...")
 
