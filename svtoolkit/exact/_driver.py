@@ -289,7 +289,27 @@ class WalkDriver:
                 self._polish()
                 polishes += 1
             elif not self._check(code):
-                return
+                break
+        if polishes >= W.SETTLE_POLISHES:
+            self._check_rest_from_keys()
+
+    def _check_rest_from_keys(self):
+        """After the last polish an operation may take: its rest state checked from the keys
+        (one fresh evaluation, O(n |support| d), as each polish before it cost); SolverFailure
+        when its KKT residual is above ``REST_CHECK_FACTOR`` times what a rest state tolerates
+        (``_walk.REST_CHECK_FACTOR``)."""
+        n = self._n
+        if n == 0:
+            return
+        kkt = CS.kkt_residual_from(self._fresh_gradients(), self._alpha, self._status, n,
+                                   self._anchor, self._C, self._fs[W._RHO])
+        limit = W.REST_CHECK_FACTOR * W.REPAIR_FACTOR * max(self._C, 1.0) * W.KAPPA_TOL
+        if not kkt <= limit:
+            self._ist[W._CUR_C] = -1
+            raise SolverFailure(
+                f"the state at rest is {kkt:.2g} off the optimum when evaluated from the keys "
+                f"(above {limit:.2g}) after {W.SETTLE_POLISHES} polishes: the walk's rounding "
+                "on nearly dependent keys")
 
     def _reset(self):
         d = self._d

@@ -125,6 +125,15 @@ REFRESH_PROBE_TOL = 1e-9
 #: complement: measured 1.1e-11, whose rounding left f off a fresh evaluation by 1.3e-7
 #: unseen); at most this many polishes per operation.
 SETTLE_POLISHES = 3
+#: A rest state reached after SETTLE_POLISHES polishes (the last settle could not polish
+#: again) is checked from the keys: its KKT residual may exceed rounding only by the sign
+#: violation that the rest state tolerates on keys dependent on S (REPAIR_FACTOR * C *
+#: KAPPA_TOL, :func:`_rest.worst_violator`). Above this many times that bound it is not a rest
+#: state of the exact walk at all - its maintained quantities drifted (measured: 500 collinear
+#: keys with the event limit raised, one admission of 28,386 events on pivots down to 7e-11 left
+#: the margin gradients 0.02 off the keys while the maintained ones read 0) - and the operation
+#: fails instead of returning it.
+REST_CHECK_FACTOR = 10.0
 
 #: ``blocked`` stamp of a slot that left S in a stretch of steps that did not move a_c; it may
 #: not rejoin S until a_c moves (:func:`walk`, anti-cycling). Epoch stamps are >= 0.
