@@ -107,20 +107,28 @@ def test_a_degenerate_vertex_does_not_cycle_and_refreshes_stop_at_the_inverses_f
 
 
 def test_a_rest_state_that_drifted_from_the_keys_is_refused_not_returned():
-    """500 collinear keys in R^2 (sigma = 0.1 x median distance, nu = 0.01) with the event
-    limit raised to 10^6: the admission of the 180th key ran 28,386 events on pivots down to
-    7e-11 and, after its three polishes, returned a state whose margin gradients were 0.02 off
-    a fresh evaluation of the keys (the maintained ones read 0; KKT residual 0.02, nothing
-    raised). The last rest state of an operation is now checked from the keys: the admission
-    fails, and the solver holds the rebuilt solve of the 179 keys before it."""
+    """500 collinear keys in R^2 (sigma = 0.1 x median distance, nu = 0.01) added one by one
+    with the event limit raised to 10^6: on the default kernels the admission of the 180th key
+    ran 28,386 events on pivots down to 7e-11 and, after its three polishes, returned a state
+    whose margin gradients were 0.02 off a fresh evaluation of the keys (the maintained ones
+    read 0; KKT residual 0.02, nothing raised). The last rest state of an operation is now
+    checked from the keys, and an operation whose state drifted fails (SolverFailure; the
+    solver holds the rebuilt solve of the keys before it). Which admissions fail depends on
+    the last bits of the BLAS kernel (under OPENBLAS_CORETYPE=Sandybridge an earlier one does);
+    the property does not: after every operation, failed or not, the state held passes the
+    check from the keys (``REST_CHECK_FACTOR`` times the dependent keys' tolerance, 4e-7
+    here)."""
     t = np.random.default_rng(0).uniform(0.0, 1.0, 500)
     X = np.c_[t, 2.0 * t + 0.5]
     s = IncrementalSVDD.from_nu(0.01, 500, 0.1 * float(np.median(pdist(X))))
     s.max_events = 10**6
-    s.extend(X[:179])  # key by key: a set event limit turns the bulk path off
-    assert s.n_bulk_builds == 0
-    with pytest.raises(SolverFailure, match=r"state at rest is 0\.02 off the optimum"):
-        s.add(X[179])
-    assert len(s) == 179 and s.n_rebuilds == 1
     limit = W.REST_CHECK_FACTOR * W.REPAIR_FACTOR * max(s.C, 1.0) * W.KAPPA_TOL
-    assert s.kkt_residual() <= limit
+    held = 0
+    for x in X[:180]:
+        try:
+            s.add(x)
+            held += 1
+        except SolverFailure as exc:  # refused, and the keys before it rebuilt
+            assert "the solver was rebuilt from the" in str(exc)
+        assert len(s) == held
+        assert s.kkt_residual() <= limit
