@@ -403,6 +403,38 @@ def test_ridged_result_does_not_depend_on_other_problems(backend, gaussian_probl
         np.testing.assert_allclose(second[[0, 2]], first[[0, 2]], rtol=0, atol=backend.tol["other"])
 
 
+def test_a_problem_gives_the_same_bits_wherever_it_sits_in_its_batch(backend,
+                                                                    gaussian_problems):
+    """The same problem solved alone and at the fourth place of a batch of problems of its own
+    margin size with more error keys: the same bits (``torch.equal``, not a tolerance). The SV
+    layers' exact causality rests on it: a chunk boundary's bucket also holds the later
+    prefixes, whose number decides its place and whose error counts pad its error block. On
+    an AMD EPYC (torch's default MKL, no ``MKL_CBWR``) both broke it before the bordered
+    systems were padded to a multiple of 8 rows and the error sums taken in index order: MKL's
+    LU rounded a 17-row system differently at places 3 and 4 of a batch (1.7e-16), and a plain
+    sum over a zero-padded error axis rounds with its length."""
+    grams, _ = gaussian_problems
+    K, mask = _pack(grams, 40)
+    rng = np.random.default_rng(SEED + 12)
+    groups = np.array([2, 2, 2, 2])
+    masks = np.repeat(mask[2:3], 4, axis=0)
+    margin, error = np.zeros_like(masks), np.zeros_like(masks)
+    for i, n_errors in enumerate((3, 9, 11, 3)):  # the last is the problem watched
+        picked = rng.permutation(40) if i < 3 else picked
+        margin[i, picked[:16]] = True
+        error[i, picked[16:16 + n_errors]] = True
+    def solve(rows):
+        index = groups[rows]
+        return backend.api.ridged_svdd_solve(
+            backend.array(K), C_SHARED, backend.array(margin[rows]), backend.array(error[rows]),
+            mask=backend.array(masks[rows]), groups=backend.lib.tensor(index)
+            if backend.framework == "torch" else backend.lib.array(index))
+
+    alone, batch = solve(slice(3, 4)), solve(slice(0, 4))
+    for one, many in zip(alone, batch, strict=True):
+        np.testing.assert_array_equal(backend.numpy(many)[3], backend.numpy(one)[0])
+
+
 def test_problems_on_shared_grams_equal_problems_on_copies(backend, gaussian_problems):
     """``groups=``: problems posed on K[groups[i]] give what the same problems give on copied
     Gram matrices (values; in torch also the gradient, summed over the copies)."""

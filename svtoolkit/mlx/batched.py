@@ -393,17 +393,21 @@ def _check_partition(margin_mask, error_mask, mask):
         raise ValueError("margin_mask and error_mask overlap; a key is in one set only")
 
 
-def _bucket_widths(n_margin, n):
+def _bucket_widths(n_margin):
     """Each problem's own padded margin size (:func:`svtoolkit._gate_core.bucket_width`)."""
-    return [bucket_width(k, n) for k in n_margin.tolist()]
+    return [bucket_width(k) for k in n_margin.tolist()]
 
 
 def _first_of(member, width):
     """Per row, the indices where ``member`` is True first (ascending), then the rest, cut to
-    ``width``; and ``slot`` (B, width), True on the member positions."""
+    ``width`` (index 0 repeated where ``width`` exceeds the row); and ``slot`` (B, width), True
+    on the member positions."""
     n = member.shape[-1]
     index = mx.arange(n)[None, :]
     order = mx.argsort(mx.where(member, index, index + n), axis=-1)[:, :width]
+    if width > n:
+        order = mx.concatenate([order, mx.zeros((order.shape[0], width - n),
+                                                dtype=order.dtype)], axis=1)
     slot = mx.arange(width)[None, :] < mx.sum(member, axis=-1)[:, None]
     return order, slot
 
@@ -483,7 +487,8 @@ def _bordered_system(K_SS, K_SE, bucket, C, ridge):
     M = mx.concatenate([top, mx.concatenate([slot_f[:, :, None], block], axis=2)], axis=1)
     diag_S = mx.diagonal(K_SS, axis1=1, axis2=2)
     c_top = 1.0 - C * mx.sum(bucket.e_slot.astype(dtype), axis=-1, keepdims=True)
-    c = mx.concatenate([c_top, diag_S - 2.0 * C * mx.sum(K_SE, axis=-1)], axis=1)
+    # the error sums in index order (as torch: a plain sum may round with the padded length)
+    c = mx.concatenate([c_top, diag_S - 2.0 * C * mx.cumsum(K_SE, axis=-1)[..., -1]], axis=1)
     return M, c
 
 
@@ -570,7 +575,7 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None, 
     too_many_errors = _too_many_errors(mx.sum(error_mask, axis=-1), C)
     valid = _feasible(mx.sum(mask, axis=-1), C) & (n_margin > 0) & ~too_many_errors
     # problems with an empty margin set are invalid: they keep alpha = 0, rho = 0
-    widths = [w if k > 0 else 0 for w, k in zip(_bucket_widths(n_margin, n), n_margin.tolist())]
+    widths = [w if k > 0 else 0 for w, k in zip(_bucket_widths(n_margin), n_margin.tolist())]
     buckets = [_Bucket(mx.array([g for g, wg in enumerate(widths) if wg == w]), w, margin_mask,
                        error_mask) for w in sorted(set(widths) - {0})]
     empty = [g for g, w in enumerate(widths) if w == 0]
@@ -618,7 +623,11 @@ def _scatter_solution(u, bucket, error_mask, valid, C):
     keep = valid[:, None]
     u = mx.where(keep, u, mx.zeros((), dtype=dtype))
     coeff_S = mx.where(bucket.slot, u[:, 1:], mx.zeros((), dtype=dtype))
-    alpha = mx.put_along_axis(mx.zeros(error_mask.shape, dtype=dtype), bucket.order, coeff_S,
-                              axis=-1)
+    # padding slots write their zeros to a spare column n: a put has no defined winner when two
+    # slots share an index (the padding beyond n repeats index 0), an add in torch does not care
+    B, n = error_mask.shape
+    target = mx.where(bucket.slot, bucket.order, n)
+    alpha = mx.put_along_axis(mx.zeros((B, n + 1), dtype=dtype), target, coeff_S,
+                              axis=-1)[:, :n]
     alpha = alpha + (error_mask & keep).astype(dtype) * C
     return alpha, u[:, 0], valid

@@ -511,21 +511,24 @@ def _check_partition(margin_mask, error_mask, mask):
         raise ValueError("margin_mask and error_mask overlap; a key is in one set only")
 
 
-def _bucket_widths(n_margin, n):
+def _bucket_widths(n_margin):
     """Padded size of each problem's margin block (:func:`svtoolkit._gate_core.bucket_width`).
 
-    It depends on the problem's own |S| (and the key axis n), never on another problem's.
+    It depends on the problem's own |S| only, never on another problem's.
     """
-    return torch.tensor([bucket_width(k, n) for k in n_margin.tolist()], dtype=torch.long,
+    return torch.tensor([bucket_width(k) for k in n_margin.tolist()], dtype=torch.long,
                         device=n_margin.device)
 
 
 def _first_of(member, width):
     """Per row, the indices where ``member`` is True first (ascending), then the rest, cut to
-    ``width``; and ``slot`` (B, width), True on the member positions."""
+    ``width`` (index 0 repeated where ``width`` exceeds the row); and ``slot`` (B, width), True
+    on the member positions."""
     n = member.shape[-1]
     index = torch.arange(n, device=member.device)[None, :]
     order = torch.argsort(torch.where(member, index, index + n), dim=-1)[:, :width]
+    if width > n:
+        order = torch.cat([order, order.new_zeros(order.shape[0], width - n)], 1)
     slot = torch.arange(width, device=member.device)[None, :] < member.sum(-1)[:, None]
     return order, slot
 
@@ -613,7 +616,9 @@ def _bordered_system(K_SS, K_SE, bucket, C, ridge):
     M = torch.cat([top, torch.cat([slot_f[:, :, None], block], 2)], 1)
     diag_S = torch.diagonal(K_SS, dim1=1, dim2=2)
     c_top = 1.0 - C * bucket.e_slot.to(dtype).sum(-1, keepdim=True)
-    c = torch.cat([c_top, diag_S - 2.0 * C * K_SE.sum(-1)], 1)
+    # the error sums in index order (a running sum, read at its end): a plain sum rounds
+    # differently with the padded length e, which the bucket's largest |E| sets
+    c = torch.cat([c_top, diag_S - 2.0 * C * K_SE.cumsum(-1)[..., -1]], 1)
     return M, c
 
 
@@ -659,9 +664,10 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None, 
         [[0, 1^T], [1, 2 K_SS + ridge I]] u = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]
 
     Problems are grouped by a padded width that depends on their own ``|S|`` only
-    (:func:`svtoolkit._gate_core.bucket_width`, at most 1.25 ``|S|``), and each group is padded to
-    it with decoupled identity rows, so a problem's result never depends on the other problems
-    in the batch. The backward pass reuses the forward's LU factors: with ``M u = c`` and
+    (:func:`svtoolkit._gate_core.bucket_width`: at most 1.25 ``|S|``, then the bordered size
+    raised to a multiple of 8 so that every system of a batch is aligned alike), and each group
+    is padded to it with decoupled identity rows, so a problem's result never depends on the
+    other problems in the batch, to the bit. The backward pass reuses the forward's LU factors: with ``M u = c`` and
     ``lam = M^-T du``, ``dM = -lam u^T`` and ``dc = lam``. With ridge = 0 and the exact
     partition this returns the exact coefficients; with ridge > 0 it returns the exact solution
     of the ridged system, an approximation of the SVDD coefficients that need not respect
@@ -682,7 +688,7 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None, 
     too_many_errors = _too_many_errors(error_mask.sum(-1), C)
     valid = _feasible(mask.sum(-1), C) & (n_margin > 0) & ~too_many_errors
     # problems with an empty margin set are invalid: they keep alpha = 0, rho = 0
-    width = torch.where(n_margin > 0, _bucket_widths(n_margin, n), 0)
+    width = torch.where(n_margin > 0, _bucket_widths(n_margin), 0)
     buckets = [_Bucket((width == w).nonzero()[:, 0], int(w), margin_mask, error_mask)
                for w in torch.unique(width).tolist() if w > 0]
     alpha = torch.zeros(groups.numel(), n, dtype=K.dtype, device=K.device)
