@@ -229,24 +229,25 @@ BORDERED_ALIGN = 8
 def bucket_width(n_margin):
     """Padded size w of one problem's margin block in the batched solve.
 
-    The smallest ``m 2^e >= |S|`` with m in {4, 5, 6, 7} (every size up to 8 is its own), then
-    raised so that the bordered system's size ``w + 1`` is a multiple of
-    :data:`BORDERED_ALIGN`. Quarter-octave steps pad a block by at most 1.25x (an LU by at most
-    1.95x) where the next power of two could double it, and keep the number of distinct widths,
-    so of batched calls, at four per octave. The alignment keeps a problem's bits independent
-    of where it sits in its batch: a batch of systems of size ``8 k`` starts every matrix on a
-    64-byte boundary (and every float64 right-hand side), and MKL's LU, without conditional
-    numerical reproducibility (``MKL_CBWR`` unset, the default), rounds differently on
-    differently aligned input - measured on an AMD EPYC: the same 17 x 17 system solved at
-    positions 3 and 4 of a batch differed by 1.7e-16, enough to break the layers' exact
-    causality (a boundary's bucket also holds later prefixes, whose count decides the
-    position). w may exceed the number of keys (the extra slots are padding). It depends on
-    the problem's own |S| only.
+    The bordered system's size ``w + 1`` is the smallest ``m 2^e >= |S| + 1`` with m in
+    {4, 5, 6, 7}, raised to a multiple of :data:`BORDERED_ALIGN` (which it already is above
+    32): w = 7 for |S| <= 7, 15 for 8 to 15, 23 for 16 to 23, 31 for 24 to 31, then quarter
+    octaves (39, 47, 55, 63, 79, ...). Quarter-octave steps pad a system by at most 1.25x (an
+    LU by at most 1.95x) where the next power of two could double it, and keep the number of
+    distinct widths, so of batched calls, at four per octave. The alignment keeps a problem's
+    bits independent of where it sits in its batch: a batch of systems of size ``8 k`` starts
+    every matrix on a 64-byte boundary (and every float64 right-hand side), and MKL's LU,
+    without conditional numerical reproducibility (``MKL_CBWR`` unset, the default), rounds
+    differently on differently aligned input - measured on an AMD EPYC: the same 17 x 17 system
+    solved at places 3 and 4 of a batch differed by 1.7e-16, enough to break the layers' exact
+    causality (a boundary's bucket also holds later prefixes, whose count decides the place).
+    w may exceed the number of keys (the extra slots are padding). It depends on the
+    problem's own |S| only.
     """
-    size = max(int(n_margin), 1)
+    size = max(int(n_margin), 1) + 1  # the bordered system
     step = 1 << max(size.bit_length() - 3, 0)  # a quarter of the octave below size
-    width = -(-size // step) * step
-    return -(-(width + 1) // BORDERED_ALIGN) * BORDERED_ALIGN - 1
+    size = -(-size // step) * step
+    return -(-size // BORDERED_ALIGN) * BORDERED_ALIGN - 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -664,11 +664,11 @@ def ridged_svdd_solve(K, C, margin_mask, error_mask, *, ridge=RIDGE, mask=None, 
         [[0, 1^T], [1, 2 K_SS + ridge I]] u = [1 - |E| C ; diag(K)_S - 2 C K_SE 1]
 
     Problems are grouped by a padded width that depends on their own ``|S|`` only
-    (:func:`svtoolkit._gate_core.bucket_width`: at most 1.25 ``|S|``, then the bordered size
-    raised to a multiple of 8 so that every system of a batch is aligned alike), and each group
+    (:func:`svtoolkit._gate_core.bucket_width`: a quarter octave above ``|S| + 1`` and a
+    multiple of 8 rows, so that every system of a batch is aligned alike), and each group
     is padded to it with decoupled identity rows, so a problem's result never depends on the
-    other problems in the batch, to the bit. The backward pass reuses the forward's LU factors: with ``M u = c`` and
-    ``lam = M^-T du``, ``dM = -lam u^T`` and ``dc = lam``. With ridge = 0 and the exact
+    other problems in the batch, to the bit. The backward pass reuses the forward's LU
+    factors: with ``M u = c`` and ``lam = M^-T du``, ``dM = -lam u^T`` and ``dc = lam``. With ridge = 0 and the exact
     partition this returns the exact coefficients; with ridge > 0 it returns the exact solution
     of the ridged system, an approximation of the SVDD coefficients that need not respect
     ``0 <= alpha <= C``. With ridge > 0 and a positive semi-definite K the system is never
