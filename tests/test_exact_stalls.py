@@ -132,3 +132,26 @@ def test_a_rest_state_that_drifted_from_the_keys_is_refused_not_returned():
             assert "the solver was rebuilt from the" in str(exc)
         assert len(s) == held
         assert s.kkt_residual() <= limit
+
+
+def test_a_deletion_whose_decrement_fails_is_done_by_a_fresh_solve_not_refused(monkeypatch):
+    """The right to be forgotten does not depend on the walk: when the exact decrement raises
+    (event limit, a drifted rest state), ``remove`` replaces the state by a fresh solve of the
+    retained keys - the same optimum - instead of rebuilding the keys it held, the deleted one
+    included, and raising (it did that before)."""
+    X = np.random.default_rng(41).standard_normal((120, 3))
+    s = IncrementalSVDD(1.0 / (0.3 * 120), 1.5)
+    s.extend(X)
+    victim = int(s.margin_ids[0])
+
+    def failing(self, slot, key_id):
+        raise SolverFailure("more than 1 events in one walk (forced)")
+
+    monkeypatch.setattr(IncrementalSVDD, "_remove_slot", failing)
+    s.remove(victim)
+    assert victim not in s.ids and len(s) == 119
+    fresh = IncrementalSVDD(s.C, s.sigma)
+    fresh.extend(np.delete(X, victim, axis=0))  # ids 0.. in the same order: the same solve
+    np.testing.assert_array_equal(s.alpha, fresh.alpha)
+    assert s.rho == fresh.rho and s.kkt_residual() <= KKT_EXACT
+    assert s.add(X[victim]) == 120  # ids are not reused

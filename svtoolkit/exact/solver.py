@@ -385,12 +385,19 @@ class IncrementalSVDD(WalkDriver):
 
         Afterwards the state is the optimum of the retained keys under the same C - what a
         fresh solve of them gives. Deletion is never refused: if the retained keys can no
-        longer satisfy ``sum(a) = 1`` the solver returns to warm-up.
+        longer satisfy ``sum(a) = 1`` the solver returns to warm-up, and if the exact
+        decrement cannot finish (a walk past its event limit, or a rest state that drifted from
+        the keys on numerically degenerate keys) the state is replaced by a fresh solve of the
+        retained keys - the same optimum, reached another way (``n_bulk_builds`` or
+        ``n_rebuilds`` counts it).
 
         Raises
         ------
         KeyError
             Unknown id, or an id that was already removed. The state is unchanged.
+        SolverFailure
+            Only if that fresh solve fails too; the exception names the keys it could not
+            admit (``dropped_ids``, ``dropped_keys``), the deleted key not among them.
         """
         slot = self._lookup(id)
         if len(self) == 1:
@@ -412,8 +419,10 @@ class IncrementalSVDD(WalkDriver):
                 ):
                     self._admit_anchor()
                 self._remove_slot(slot, int(id))
-        except SolverFailure as exc:
-            self._recover(exc)
+        except SolverFailure:
+            # the right to be forgotten does not depend on the walk: solve the rest afresh
+            self._solve_afresh_without([int(id)], "remove")
+            return
         self._after_operation()
 
     def remove_many(self, ids):
@@ -442,8 +451,8 @@ class IncrementalSVDD(WalkDriver):
         ValueError
             Repeated ids. Nothing is removed.
         SolverFailure
-            A walk failed; the solver was rebuilt from the keys it held before that walk's
-            operation (see :meth:`remove`).
+            Only if a fresh solve of the retained keys, the fallback of a decrement that
+            cannot finish, fails too (see :meth:`remove`).
         """
         wanted = list(np.asarray(ids, dtype=object).ravel())
         for key_id in wanted:
@@ -455,28 +464,31 @@ class IncrementalSVDD(WalkDriver):
         if (wanted and len(wanted) >= BULK_REMOVE_FRACTION * n
                 and self._m >= BULK_REMOVE_MARGIN_SHARE * n and rest >= BULK_MIN_KEYS
                 and self._feasible(rest) and self._anchor < 0 and self.max_events is None):
-            self._solve_afresh_without(wanted)
+            self._solve_afresh_without(wanted, "remove_many")
             return
         for key_id in wanted:
             self.remove(key_id)
 
-    def _solve_afresh_without(self, wanted):
+    def _solve_afresh_without(self, wanted, caller):
         """Replace the state by a fresh solve of the keys not in ``wanted`` (ids and the next
-        id kept): the bulk build, or the walk's rebuild when its landing is not accepted."""
+        id kept): the bulk build, or the walk's rebuild when its landing is not accepted (a
+        :class:`BulkFallbackWarning` names ``caller`` then)."""
         order = self._order()
         keep = ~np.isin(self._ids[order], np.asarray(wanted, dtype=np.int64))
         ids, keys = self._ids[order][keep].copy(), self._Xt[:, order[keep]].T.copy()
-        next_id = self._next_id
+        next_id, fallbacks = self._next_id, self.n_bulk_fallbacks
         self._reset()
         if self._bulk_admit(keys, ids):
             self._next_id = next_id
-        else:
-            warnings.warn(f"remove_many: the bulk rebuild of the {len(ids)} retained keys was "
+            self._after_operation()
+            return
+        if self.n_bulk_fallbacks > fallbacks:  # a landing was tried and not accepted
+            warnings.warn(f"{caller}: the bulk rebuild of the {len(ids)} retained keys was "
                           f"not accepted ({self.bulk_fallback_reason}); rebuilding them key "
                           "by key through the exact walk, which reaches the same optimum but "
                           "can take far longer", BulkFallbackWarning, stacklevel=3)
-            self._next_id = next_id
-            self._rebuild(ids, keys)
+        self._next_id = next_id
+        self._rebuild(ids, keys)
         self._after_operation()
 
     def evict_reserve(self):
