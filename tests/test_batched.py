@@ -419,9 +419,9 @@ def test_a_problem_gives_the_same_bits_wherever_it_sits_in_its_batch(backend,
     groups = np.array([2, 2, 2, 2])
     masks = np.repeat(mask[2:3], 4, axis=0)
     margin, error = np.zeros_like(masks), np.zeros_like(masks)
-    # the last is the problem watched: the third one's keys with fewer error keys
-    for i, n_errors in enumerate((3, 9, 11, 3)):
-        picked = rng.permutation(40) if i < 3 else picked
+    picks = [rng.permutation(40) for _ in range(3)]
+    picks.append(picks[2])  # the problem watched: the third one's keys, fewer error keys
+    for i, (picked, n_errors) in enumerate(zip(picks, (3, 9, 11, 3), strict=True)):
         margin[i, picked[:16]] = True
         error[i, picked[16:16 + n_errors]] = True
 
