@@ -1,20 +1,13 @@
 """``benchmarks/decode.py``: its measurement and table on one short length (no timing checked)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from _scripts import load_benchmark
 
 pytest.importorskip("torch")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("decode_benchmark",
-                                                  ROOT / "benchmarks" / "decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("decode")
 
 
 def test_decode_rows_ratio_and_table():

@@ -1,22 +1,16 @@
 """``benchmarks/exact_solver.py``: its committed markdown is what its committed JSON renders to,
 under the headings README.md's generated blocks name (no timing checked)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from _scripts import ROOT, load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("exact_solver_benchmark",
-                                                  ROOT / "benchmarks" / "exact_solver.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("exact_solver")
 
 
 def test_the_committed_markdown_is_rendered_from_the_committed_json():

@@ -1,21 +1,16 @@
 """``benchmarks/run_all.py``: the plan covers every benchmark and every committed result file."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from _scripts import ROOT, load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("run_all")
 
 
 def _committed_results():
