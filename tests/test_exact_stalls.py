@@ -155,3 +155,71 @@ def test_a_deletion_whose_decrement_fails_is_done_by_a_fresh_solve_not_refused(m
     np.testing.assert_array_equal(s.alpha, fresh.alpha)
     assert s.rho == fresh.rho and s.kkt_residual() <= KKT_EXACT
     assert s.add(X[victim]) == 120  # ids are not reused
+
+
+def _failing_admission(monkeypatch, times):
+    """Make the next ``times`` exact increments fail (as an event limit would) before they
+    move anything; later ones (a rebuild's) run as usual."""
+    real, left = IncrementalSVDD._add_checked, [times]
+
+    def failing(self, x, new_id):
+        if left[0] > 0:
+            left[0] -= 1
+            raise SolverFailure("more than 1 events in one walk (forced)")
+        return real(self, x, new_id)
+
+    monkeypatch.setattr(IncrementalSVDD, "_add_checked", failing)
+
+
+def test_an_admission_whose_walk_fails_is_solved_afresh_not_refused(monkeypatch):
+    """When the exact increment raises, ``add`` and ``extend`` replace the state by a fresh
+    bulk solve of the keys held and the new ones (ids kept), taken only at the exact
+    certificate - the optimum the walk was heading for - instead of refusing the keys."""
+    X = np.random.default_rng(43).standard_normal((60, 3))
+    s = IncrementalSVDD(1.0 / (0.3 * 60), 1.5)
+    s.extend(X[:40])
+    s.remove(5)  # the held ids are not 0..n-1: they must survive the fresh solve
+    _failing_admission(monkeypatch, times=2)
+    assert s.add(X[40]) == 40
+    np.testing.assert_array_equal(s.extend(X[41:]), np.arange(41, 60))
+    assert s.n_admission_fallbacks == 2 and s.kkt_residual() <= KKT_EXACT
+    np.testing.assert_array_equal(s.ids, np.delete(np.arange(60), 5))
+    monkeypatch.undo()
+    fresh = IncrementalSVDD(s.C, s.sigma)
+    fresh.extend(np.delete(X, 5, axis=0))
+    np.testing.assert_array_equal(s.margin_ids, np.delete(np.arange(60), 5)[fresh.margin_ids])
+    np.testing.assert_allclose(s.alpha, fresh.alpha, rtol=0, atol=1e-12)
+    s.remove(int(s.margin_ids[0]))  # the state continues as any exact state
+    assert s.kkt_residual() <= KKT_EXACT and s.add(X[5]) == 60
+
+
+def test_an_admission_the_fresh_solve_cannot_take_is_refused_with_nothing_lost(monkeypatch):
+    """The fallback needs n C >= 1 (the bulk build) and no user event limit; otherwise the
+    admission is refused as before: the state is a fresh solve of the keys held before and
+    the refused id is not consumed."""
+    X = np.random.default_rng(44).standard_normal((30, 3))
+    s = IncrementalSVDD(1.0 / (0.3 * 30), 1.5)
+    s.extend(X[:20])
+    before = s.alpha.copy()
+    s.max_events = 10**6  # a user's event limit: the bulk build does not apply
+    _failing_admission(monkeypatch, times=1)
+    with pytest.raises(SolverFailure, match="rebuilt from the 20 keys"):
+        s.add(X[20])
+    monkeypatch.undo()
+    np.testing.assert_array_equal(s.ids, np.arange(20))
+    np.testing.assert_allclose(s.alpha, before, rtol=0, atol=1e-12)
+    assert s.n_admission_fallbacks == 0 and s.add(X[20]) == 20
+
+
+def test_clustered_keys_refused_by_the_walk_are_taken_by_the_fresh_solve():
+    """Three clusters of six keys 1e-6 apart, a kernel width or more apart from each other
+    (sigma = 1, nu = 0.2): admitted one by one, the 10th admission's rest state broke
+    sum(a) = 1 and ``extend`` raised SolverFailure on an AMD EPYC (docs/exact_solver.md,
+    "Limits"). Whichever path a CPU's rounding takes, the build must end at the exact
+    certificate."""
+    from svtoolkit.data import redundant_keys
+
+    X = redundant_keys(3, 6, 6, spread=1.0, jitter=1e-6, rng=np.random.default_rng([1, 3, 6]))
+    s = IncrementalSVDD(1.0 / (0.2 * len(X)), 1.0)
+    np.testing.assert_array_equal(s.extend(X), np.arange(18))
+    assert s.kkt_residual() <= KKT_EXACT

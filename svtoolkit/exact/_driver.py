@@ -403,20 +403,21 @@ class WalkDriver:
         self.n_refactorizations += 1
 
     # ------------------------------------------------------------------ failure handling
-    def _recover(self, exc, first_new_id=None, forget_dimension=False):
-        """After a failed walk: rebuild from the keys held before the operation, then raise.
-
-        The keys (and their ids) are intact - a walk never touches them - so the rebuilt
-        state is a fresh exact solve of exactly the keys the solver held before. Keys with
-        ids from ``first_new_id`` on (the failed admissions) are left out and their ids are
-        not consumed.
-        """
+    def _held_keys(self, below):
+        """Ids (ascending) and keys, shape (k,) and (k, d), of the held keys with ids below
+        ``below``. A failed walk leaves them intact - a walk never touches a key."""
         order = self._order()
-        ids = self._ids[order]
-        keep = ids < first_new_id if first_new_id is not None else np.ones(len(ids), bool)
-        ids, keys = ids[keep].copy(), self._Xt[:, order].T[keep].copy()
-        if first_new_id is not None:
-            self._next_id = first_new_id
+        keep = self._ids[order] < below
+        return self._ids[order][keep].copy(), self._Xt[:, order[keep]].T.copy()
+
+    def _recover(self, exc, ids, keys, next_id, forget_dimension=False):
+        """After a failed admission: rebuild from the keys held before it (``ids``, ``keys``:
+        :meth:`_held_keys`), then raise.
+
+        The rebuilt state is a fresh exact solve of exactly those keys; the ids of the failed
+        admissions are not consumed (the next id is ``next_id``, the first of them).
+        """
+        self._next_id = next_id
         self._rebuild(ids, keys)
         if forget_dimension and len(self) == 0:
             self._d = None  # the failed first key fixed no dimension

@@ -105,6 +105,9 @@ class IncrementalSVDD(WalkDriver):
         Multiplier of ``sum(a) = 1``; ``f(x) = 2 sum_i a_i k(x, x_i) - k(x, x) + rho``.
     margin_ids, error_ids, reserve_ids : ndarray of int
         The partition S (0 < a < C, f = 0), E (a = C, f <= 0), R (a = 0, f >= 0).
+    n_admission_fallbacks : int
+        Admissions (``add``, ``extend``) whose exact walk failed and that were taken by a
+        fresh bulk solve of every key instead (see :meth:`extend`).
 
     Notes
     -----
@@ -145,6 +148,7 @@ class IncrementalSVDD(WalkDriver):
         self._ops_since_audit = 0
         self.n_bulk_builds = 0
         self.n_bulk_fallbacks = 0
+        self.n_admission_fallbacks = 0
         self.bulk_fallback_reason = None
 
     @classmethod
@@ -190,15 +194,18 @@ class IncrementalSVDD(WalkDriver):
         TypeError
             Non-numeric input. The state is unchanged.
         SolverFailure
-            The exact walk could not finish; the solver was rebuilt from the keys it held
+            The exact walk could not finish and neither could a fresh solve of every key
+            (the fallback, see :meth:`extend`); the solver was rebuilt from the keys it held
             before (a fresh exact solve of them) and the key was not admitted.
         """
         x = as_key(x, "x", d=self._d)
         return int(self._admit_rows(x[None, :])[0])
 
     def _admit_rows(self, X):
-        """Admit validated rows in order; on a failed walk rebuild from the keys held before
-        the first row (so a batch is all or nothing) and raise SolverFailure."""
+        """Admit validated rows in order. When a walk fails, the state becomes a fresh bulk
+        solve of the keys held and the whole batch (:meth:`_admit_afresh`); if that is not
+        accepted either, the solver is rebuilt from the keys held before the first row (so a
+        batch is all or nothing) and SolverFailure is raised."""
         first_id, fresh = self._next_id, self._d is None
         if fresh:
             self._d = X.shape[1]
@@ -212,15 +219,36 @@ class IncrementalSVDD(WalkDriver):
                           f"({self.bulk_fallback_reason}); replaying them key by key through "
                           "the exact walk, which reaches the same optimum but can take far "
                           "longer", BulkFallbackWarning, stacklevel=3)  # <- extend <- caller
+        bulk_tried = self.n_bulk_fallbacks > fallbacks
         try:
             for new_id, x in zip(ids, X, strict=True):
                 self._add_checked(x, int(new_id))
                 self._after_operation()
         except SolverFailure as exc:
-            self._recover(exc, first_new_id=first_id, forget_dimension=fresh)
+            held_ids, held_keys = self._held_keys(below=first_id)
+            if not (bulk_tried and len(held_ids) == 0) and self._admit_afresh(
+                    np.concatenate([held_ids, ids]), np.concatenate([held_keys, X])):
+                return ids
+            self._recover(exc, held_ids, held_keys, first_id, forget_dimension=fresh)
         return ids
 
-    def _bulk_admit(self, X, ids):
+    def _admit_afresh(self, ids, keys):
+        """The fallback of an admission whose walk failed: the state replaced by a fresh
+        bulk solve of ``keys`` (the keys held before and the batch, ``ids`` kept), at any
+        size from one key on, taken only at the bulk build's exact certificate (a fresh KKT
+        residual at most BULK_KKT_TOL). True when taken; False leaves the solver empty for
+        the caller's recovery (the bulk build does not apply while n C < 1, nor with an
+        event limit set by the user)."""
+        next_id = self._next_id
+        self._reset()
+        if self._bulk_admit(keys, ids, min_keys=1):
+            self.n_admission_fallbacks += 1
+            self._after_operation()
+            return True
+        self._next_id = next_id
+        return False
+
+    def _bulk_admit(self, X, ids, min_keys=None):
         """Build from empty by SMO + exact landing; False (state empty again) if not taken.
 
         Up to BULK_MAX_KEYS keys the SMO runs on the shifted Gram matrix (:meth:`_land_bulk`);
@@ -238,7 +266,8 @@ class IncrementalSVDD(WalkDriver):
         batch is then replayed key by key, which can take far longer).
         """
         n = len(X)
-        if n < BULK_MIN_KEYS or not self._feasible(n) or self.max_events is not None:
+        min_keys = BULK_MIN_KEYS if min_keys is None else min_keys
+        if n < min_keys or not self._feasible(n) or self.max_events is not None:
             return False
         try:
             if n <= BULK_MAX_KEYS:
@@ -354,12 +383,15 @@ class IncrementalSVDD(WalkDriver):
     def extend(self, X):
         """Admit the rows of ``X`` one at a time, all or nothing.
 
-        The batch is validated as a whole first; if an exact walk fails part-way, the
-        solver is rebuilt from the keys it held before the batch and no row is admitted.
-        Into an empty solver, a batch of at least BULK_MIN_KEYS keys with n C >= 1 is solved
-        by the bulk path instead (SMO and an exact landing, Gram-free above BULK_MAX_KEYS
-        keys; docs/exact_solver.md), accepted only with a fresh KKT residual of at most
-        BULK_KKT_TOL, else replayed by the walk.
+        The batch is validated as a whole first. Into an empty solver, a batch of at least
+        BULK_MIN_KEYS keys with n C >= 1 is solved by the bulk path instead (SMO and an exact
+        landing, Gram-free above BULK_MAX_KEYS keys; docs/exact_solver.md), accepted only
+        with a fresh KKT residual of at most BULK_KKT_TOL, else replayed by the walk. If an
+        exact walk fails part-way, the keys held and the whole batch are solved afresh by the
+        bulk path at any size, ids kept, and taken at the same certificate
+        (``n_admission_fallbacks`` counts these); only if that does not apply (n C < 1, a
+        user's ``max_events``) or is not accepted is the solver rebuilt from the keys it held
+        before the batch, with no row admitted.
 
         Parameters
         ----------
@@ -375,7 +407,8 @@ class IncrementalSVDD(WalkDriver):
         ValueError, TypeError
             Bad input (any row). The state is unchanged.
         SolverFailure
-            A walk failed; the state is that of a fresh solve of the keys held before.
+            A walk failed and so did the fresh solve of every key; the state is that of a
+            fresh solve of the keys held before.
         """
         X = as_keys(X, "X", d=self._d)
         return self._admit_rows(X)
