@@ -306,6 +306,37 @@ def markdown(rows, meta):
         lines.append(f"| {r['backend']} | {r['G']} | {r['n']} | {call} | {fista} | {rate} "
                      f"| {check} | {r['note']} |")
     lines += ["", "Speed-ups per problem (same run):", ""]
+    lines += _speedups(rows)
+    return "\n".join(lines + ["", f"## {RATES_TITLE}", ""] + _rates_table(rows)) + "\n"
+
+
+#: The heading of the problems-per-second table (README.md shows it by this title).
+RATES_TITLE = "Problems per second, by backend (one call per G problems of n keys)"
+
+
+def _rates_table(rows):
+    """Problems/s per (G, n) setting and backend, in the order of the rows."""
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    settings = list(dict.fromkeys((r["G"], r["n"]) for r in rows))
+    lines = ["| G | n | " + " | ".join(backends) + " |",
+             "|---:|---:|" + "---:|" * len(backends)]
+    for G, n in settings:
+        cells = []
+        for backend in backends:
+            r = next((r for r in rows if (r["G"], r["n"], r["backend"]) == (G, n, backend)), None)
+            if r is None or r["problems_per_second"] is None:
+                cells.append("not run")
+                continue
+            rate = float(f"{r['problems_per_second']:.3g}")  # three significant digits
+            cells.append((f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}") + " /s"
+                         + (" (extrapolated)" if "extrapolated" in r["note"] else ""))
+        lines.append(f"| {G} | {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _speedups(rows):
+    """One line per timed row: its per-problem speed-up over each loop peer of its setting."""
+    lines = []
     for n in sorted({r["n"] for r in rows}):
         for G in sorted({r["G"] for r in rows}):
             mine = [r for r in rows if r["n"] == n and r["G"] == G and r["timing"] is not None]
@@ -315,7 +346,7 @@ def markdown(rows, meta):
                 ratios = ", ".join(f"{p['seconds_per_problem'] / r['seconds_per_problem']:.3g}x vs "
                                    f"{name}" for name, p in peers.items())
                 lines.append(f"* G={G}, n={n}, {r['backend']}: {ratios}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None):
