@@ -403,12 +403,13 @@ class WalkDriver:
         self.n_refactorizations += 1
 
     # ------------------------------------------------------------------ failure handling
-    def _held_keys(self, below):
-        """Ids (ascending) and keys, shape (k,) and (k, d), of the held keys with ids below
-        ``below``. A failed walk leaves them intact - a walk never touches a key."""
+    def _held_keys(self, keep):
+        """Ids (ascending) and keys, shape (k,) and (k, d), of the held keys that ``keep``
+        selects (a function of the ascending ids, returning a boolean mask). A failed walk
+        leaves them intact - a walk never touches a key."""
         order = self._order()
-        keep = self._ids[order] < below
-        return self._ids[order][keep].copy(), self._Xt[:, order[keep]].T.copy()
+        chosen = keep(self._ids[order])
+        return self._ids[order][chosen].copy(), self._Xt[:, order[chosen]].T.copy()
 
     def _recover(self, exc, ids, keys, next_id, forget_dimension=False):
         """After a failed admission: rebuild from the keys held before it (``ids``, ``keys``:

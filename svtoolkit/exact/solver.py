@@ -225,7 +225,7 @@ class IncrementalSVDD(WalkDriver):
                 self._add_checked(x, int(new_id))
                 self._after_operation()
         except SolverFailure as exc:
-            held_ids, held_keys = self._held_keys(below=first_id)
+            held_ids, held_keys = self._held_keys(lambda held: held < first_id)
             if not (bulk_tried and len(held_ids) == 0) and self._admit_afresh(
                     np.concatenate([held_ids, ids]), np.concatenate([held_keys, X])):
                 return ids
@@ -233,16 +233,23 @@ class IncrementalSVDD(WalkDriver):
         return ids
 
     def _admit_afresh(self, ids, keys):
-        """The fallback of an admission whose walk failed: the state replaced by a fresh
-        bulk solve of ``keys`` (the keys held before and the batch, ``ids`` kept), at any
-        size from one key on, taken only at the bulk build's exact certificate (a fresh KKT
-        residual at most BULK_KKT_TOL). True when taken; False leaves the solver empty for
-        the caller's recovery (the bulk build does not apply while n C < 1, nor with an
-        event limit set by the user)."""
+        """The fallback of an admission whose walk failed: :meth:`_solve_afresh` of ``keys``
+        (the keys held before and the batch, ``ids`` kept) at any size from one key on. True
+        when taken; False leaves the solver empty for the caller's recovery (the bulk build
+        does not apply while n C < 1, nor with an event limit set by the user)."""
+        if not self._solve_afresh(ids, keys, min_keys=1):
+            return False
+        self.n_admission_fallbacks += 1
+        return True
+
+    def _solve_afresh(self, ids, keys, min_keys=None):
+        """Replace the state by a bulk build of ``keys`` with their ``ids``, taken only at its
+        exact certificate (:meth:`_bulk_admit`); the next id never goes back. True when taken,
+        else False with the solver empty."""
         next_id = self._next_id
         self._reset()
-        if self._bulk_admit(keys, ids, min_keys=1):
-            self.n_admission_fallbacks += 1
+        if self._bulk_admit(keys, ids, min_keys):
+            self._next_id = max(self._next_id, next_id)
             self._after_operation()
             return True
         self._next_id = next_id
@@ -506,21 +513,16 @@ class IncrementalSVDD(WalkDriver):
         """Replace the state by a fresh solve of the keys not in ``wanted`` (ids and the next
         id kept): the bulk build, or the walk's rebuild when its landing is not accepted (a
         :class:`BulkFallbackWarning` names ``caller`` then)."""
-        order = self._order()
-        keep = ~np.isin(self._ids[order], np.asarray(wanted, dtype=np.int64))
-        ids, keys = self._ids[order][keep].copy(), self._Xt[:, order[keep]].T.copy()
-        next_id, fallbacks = self._next_id, self.n_bulk_fallbacks
-        self._reset()
-        if self._bulk_admit(keys, ids):
-            self._next_id = next_id
-            self._after_operation()
+        wanted = np.asarray(wanted, dtype=np.int64)
+        ids, keys = self._held_keys(lambda held: ~np.isin(held, wanted))
+        fallbacks = self.n_bulk_fallbacks
+        if self._solve_afresh(ids, keys):
             return
         if self.n_bulk_fallbacks > fallbacks:  # a landing was tried and not accepted
             warnings.warn(f"{caller}: the bulk rebuild of the {len(ids)} retained keys was "
                           f"not accepted ({self.bulk_fallback_reason}); rebuilding them key "
                           "by key through the exact walk, which reaches the same optimum but "
                           "can take far longer", BulkFallbackWarning, stacklevel=3)
-        self._next_id = next_id
         self._rebuild(ids, keys)
         self._after_operation()
 
