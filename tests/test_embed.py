@@ -68,7 +68,7 @@ def test_embed_names_what_is_wrong(tmp_path, text, message):
 
 def test_the_ledger_command_regenerates_and_checks_the_embedded_tables(tmp_path):
     root = _root(tmp_path)
-    (root / "examples" / "results" / "claims.json").write_text("[]")
+    (root / "examples" / "results" / "claims.json").write_text('{"record": null, "claims": []}')
     (root / "docs").mkdir()
     block = '<!-- table: examples/results/s.md "Table 1: recall" -->\n| stale |\n' + END
     (root / "README.md").write_text(f"{ledger.README_BEGIN}\n{ledger.README_END}\n{block}\n")

@@ -28,7 +28,8 @@ def test_every_claim_of_both_papers_has_a_verdict():
 def _tree(tmp_path, entries, result):
     (tmp_path / "examples" / "results").mkdir(parents=True)
     (tmp_path / "examples" / "results" / "r.json").write_text(json.dumps(result))
-    (tmp_path / "examples" / "results" / "claims.json").write_text(json.dumps(entries))
+    (tmp_path / "examples" / "results" / "claims.json").write_text(
+        json.dumps({"record": None, "claims": entries}))
     (tmp_path / "docs").mkdir()
     (tmp_path / "README.md").write_text(f"intro\n{ledger.README_BEGIN}\nold\n"
                                         f"{ledger.README_END}\nrest\n")
@@ -134,3 +135,26 @@ def test_a_readme_without_the_markers_is_refused(tmp_path):
     (root / "README.md").write_text("no markers\n")
     with pytest.raises(ValueError, match="README.md has no generated ledger section"):
         ledger.main(["--root", str(root)])
+
+
+def test_the_ledger_records_the_checkout_its_values_were_collected_from(tmp_path):
+    """``record.git`` names the commit at which the claims' values last changed: written
+    when a refresh changes them, kept when it does not (so a later commit leaves it be)."""
+    import subprocess
+
+    root = _tree(tmp_path, [_entry()], RESULT)
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "a")
+    first = git("rev-parse", "HEAD")
+    assert ledger.main(["--root", str(root)]) == 0
+    record = json.loads((root / ledger.LEDGER).read_text())["record"]
+    assert record["git"]["commit"] == first
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "b")
+    assert ledger.main(["--root", str(root)]) == 0  # nothing changed: the record stays
+    assert json.loads((root / ledger.LEDGER).read_text())["record"] == record
+    assert ledger.main(["--root", str(root), "--check"]) == 0

@@ -6,7 +6,10 @@ metric, the published value, the script that measures it, and where the measured
 (``source``: a committed result JSON and an RFC 6901 pointer into it, optionally ``lo`` and
 ``hi`` pointers to its interval, or a ``trials`` pointer when the measured value is a rate
 ``k / trials``: its interval is then the exact binomial (Clopper-Pearson) 95 % interval), the
-verdict and one line of evidence. The measured values, and the commit each result file's run
+verdict and one line of evidence. The file is ``{"record": ..., "claims": [entries]}``; its
+``record`` names the checkout (``git``: commit and dirty flag, as the experiments' run record
+gives them) from which the claims' values were last collected - rewritten only when they
+change. The measured values, and the commit each result file's run
 record names (``source_commit``; None for a file whose record names none), are *read* from the
 result files, never typed in: :func:`refresh` copies them into the ledger, :func:`problems`
 reports every entry that is stale or inconsistent, and :func:`markdown` /
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from ..stats import clopper_pearson
 from .embed import documents, embed
+from .record import git_state
 
 __all__ = ["VERDICTS", "load", "markdown", "problems", "readme_section", "refresh", "resolve"]
 
@@ -55,7 +59,11 @@ README = Path("README.md")
 
 def load(root):
     """The ledger's entries (a list of dict) from ``<root>/examples/results/claims.json``."""
-    return json.loads((Path(root) / LEDGER).read_text())
+    return json.loads((Path(root) / LEDGER).read_text())["claims"]
+
+
+def _ledger_text(entries, record):
+    return json.dumps({"record": record, "claims": entries}, indent=1, ensure_ascii=False) + "\n"
 
 
 def _pointer(document, pointer):
@@ -315,11 +323,15 @@ def main(argv=None):
                         help="change nothing; exit 1 if the ledger or a document is stale")
     args = parser.parse_args(argv)
     root = Path(args.root)
-    entries = load(root)
+    stored = json.loads((root / LEDGER).read_text())
+    entries, record = stored["claims"], stored["record"]
     if not args.check:
+        before = json.dumps(entries)
         refresh(entries, root)
+        if json.dumps(entries) != before:  # the values were collected from this checkout
+            record = {"git": git_state(root)}
     found = problems(entries, root)
-    ledger_text = json.dumps(entries, indent=1, ensure_ascii=False) + "\n"
+    ledger_text = _ledger_text(entries, record)
     doc_text = markdown(entries)
     readme_text = _with_section((root / README).read_text(), readme_section(entries))
     outputs = {root / LEDGER: ledger_text, root / DOC: doc_text, root / README: readme_text}
