@@ -20,8 +20,9 @@ import numpy as np
 __all__ = ["warmup", "kernel_modules", "announce_compilation", "COMPILE_NOTICE"]
 
 #: The line :func:`announce_compilation` prints. The figure: the first change of a memory store
-#: on an empty cache (walk and settle kernels), wall time on the 2-core machines measured
-#: (16-18 s on an AMD EPYC, 27 s on an Intel Xeon).
+#: on an empty cache (walk and settle kernels, :func:`svtoolkit.exact._warmup.prepare_changes`),
+#: wall time on the 2-core machines measured (13-14 s on an idle AMD EPYC, 17-18 s beside a
+#: busy process; 27 s on an Intel Xeon before the two-process compilation).
 COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (15-30 s; later runs "
                   "load them from Numba's cache; `svtoolkit warmup` compiles all of them "
                   "ahead of time)...")

@@ -692,6 +692,10 @@ def main(argv=None):
         from ._warmup import announce_compilation
 
         announce_compilation()
+    if args.func in (_cmd_add, _cmd_forget, _cmd_edit):
+        from .exact._warmup import prepare_changes
+
+        prepare_changes()  # on an empty cache: a change's kernels, in two processes at once
     with warnings.catch_warnings(record=True) as caught:
         for category in (BudgetExceededWarning, DurabilityWarning):
             warnings.simplefilter("always", category)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,3 +129,96 @@ def test_the_first_cli_change_announces_its_compilation_and_the_second_does_not(
     # the same change of another empty store: every kernel it needs is in the cache now
     cached = run("memory", "add", stores[1], "--key", "0,0", "--value", "a")
     assert NOTICE_START not in cached.stderr
+
+
+def test_the_change_plan_compiles_each_kernel_once_with_its_number_of_arguments():
+    from svtoolkit.exact._warmup import CHANGE_PLAN, change_kernels
+
+    kernels = change_kernels()
+    planned = [name for step in CHANGE_PLAN for side in step for name in side]
+    assert sorted(planned) == sorted(kernels)  # each kernel in one step, on one side
+    for dispatcher, types in kernels.values():
+        assert len(types) == dispatcher.py_func.__code__.co_argcount
+
+
+# In a fresh interpreter (Numba's cache beside the source, warm or not): the plan's kernels
+# compiled for the types it names, then changes of a store through the CLI. A kernel whose
+# dispatcher gains a signature in the changes was called with types the plan does not name.
+AFTER_PLAN = """
+import os, sys, tempfile
+from numba.core.registry import CPUDispatcher
+from svtoolkit._warmup import kernel_modules
+from svtoolkit.cli import main
+from svtoolkit.exact._warmup import change_kernels, compile_kernels, prepare_changes
+
+def signatures():
+    return {m.__name__ + "." + k: set(v.overloads) for m in kernel_modules()
+            for k, v in vars(m).items() if isinstance(v, CPUDispatcher)}
+
+compile_kernels(change_kernels())
+idle = not prepare_changes()  # the cache holds every kernel now: nothing to do
+before = signatures()
+store = os.path.join(tempfile.mkdtemp(), "s.json")
+for argv in (["init", store, "--sigma", "1", "--C", "0.3"],
+             ["add", store, "--key", "1,2,3", "--value", "a"],
+             ["add", store, "--key", "1,2,4", "--value", "b"],
+             ["add", store, "--key", "0,2,4", "--value", "c"],
+             ["forget", store, "r0"], ["edit", store, "r1", "--key", "0,0,1"],
+             ["forget", store, "r2"]):
+    try:
+        main(["memory", *argv])
+    except SystemExit as exc:
+        assert not exc.code, argv
+after = signatures()
+print(idle, sorted(name for name in after if after[name] - before.get(name, set())))
+"""
+
+
+def test_after_the_change_plan_a_store_change_asks_for_no_other_signature(tmp_path):
+    out = _python(AFTER_PLAN, env=_environ(PYTHONPATH=ROOT), cwd=tmp_path)
+    assert out.stdout.splitlines()[-1] == "True []"
+
+
+# On an empty cache: the plan in two processes, with every compilation in this one recorded.
+PREPARE_COLD = """
+import json, sys
+from numba.core import event
+from svtoolkit.exact._warmup import CHANGE_PLAN, prepare_changes
+
+compiled = []
+
+class Record(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__name__)
+
+    def on_end(self, ev):
+        pass
+
+event.register("numba:compile", Record())
+took = prepare_changes()
+during = list(compiled)
+from svtoolkit.cli import main
+for argv in (["init", sys.argv[1], "--sigma", "1", "--C", "0.3"],
+             ["add", sys.argv[1], "--key", "1,2", "--value", "a"],
+             ["add", sys.argv[1], "--key", "0,2", "--value", "b"],
+             ["forget", sys.argv[1], "r0"]):
+    main(["memory", *argv])
+print(json.dumps({"took": took, "during": during, "after": compiled[len(during):]}))
+"""
+
+
+@pytest.mark.slow
+def test_on_an_empty_cache_the_plan_compiles_in_two_processes_without_overlap(tmp_path):
+    from svtoolkit.exact._warmup import CHANGE_PLAN, _usable_cpus
+
+    if _usable_cpus() < 2:
+        pytest.skip("one CPU: the plan compiles nothing in a second process")
+    env = _environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-c", PREPARE_COLD, str(tmp_path / "s.json")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200,
+                         check=True)
+    report = json.loads(out.stdout.splitlines()[-1])
+    there = {name for _, side in CHANGE_PLAN for name in side}
+    assert report["took"] is True
+    assert "walk" in report["during"] and not there & set(report["during"])
+    assert report["after"] == []  # the changes found every kernel compiled or cached
