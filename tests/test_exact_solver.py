@@ -548,20 +548,59 @@ def test_decision_function_validates_queries():
         IncrementalSVDD(0.1, 1.0).decision_function(np.zeros((1, 2)))
 
 
-def test_failed_walk_rebuilds_the_previous_key_set():
+def assert_restored(before, solver):
+    """The state after a refused admission is ``before`` (``state_arrays``) to the bit, but
+    for the inverse, which the restore factorises afresh, and the smallest pivot since the
+    last factorisation, reset with it: the inverse is the fresh inverse of the bordered
+    matrix of the same margin set (checked to the bit against ``np.linalg.inv``), and within
+    the maintained inverse's own drift of what was held (its residual ``|M R - I|`` before,
+    amplified by ``|R|`` - the first-order bound on the distance between the two)."""
+    after = state_arrays(solver)
+    for key in set(before) - {"R", "fs"}:
+        same = (np.array_equal(before[key], after[key]) if isinstance(before[key], np.ndarray)
+                else before[key] == after[key])
+        assert same, key
+    keep = np.arange(len(before["fs"])) != W._MIN_PIVOT
+    assert np.array_equal(before["fs"][keep], after["fs"][keep])
+    m = len(after["S"])
+    if m:
+        M = solver._bordered()
+        np.testing.assert_array_equal(after["R"], np.linalg.inv(M))
+        residual = np.abs(M @ before["R"] - np.eye(m + 1)).max()
+        norm_R = np.abs(before["R"]).sum(axis=1).max()
+        bound = norm_R * (residual + (m + 1) * np.abs(M).max() * norm_R * 2.0**-52)
+        assert np.abs(after["R"] - before["R"]).max() <= bound
+
+
+def test_a_refused_admission_restores_the_state_held_before_it():
     rng = np.random.default_rng(12)
     s = IncrementalSVDD.from_nu(0.4, 40, 1.2)
     s.extend(rng.standard_normal((40, 3)))
-    ids, keys = s.ids, s.keys
+    s.remove(int(s.margin_ids[0]))  # slots no longer in id order
+    s.add(rng.standard_normal(3))
+    before = state_arrays(s)
     s.max_events = 0  # force the next walk to give up
-    with pytest.raises(SolverFailure, match="rebuilt from the 40 keys"):
+    with pytest.raises(SolverFailure, match=r"refused .* state it had before it \(40 keys"):
         s.add(rng.standard_normal(3) * 3.0)
     s.max_events = None
-    assert np.array_equal(s.ids, ids) and np.array_equal(s.keys, keys)
-    fresh = IncrementalSVDD(s.C, s.sigma)
-    fresh.extend(keys)
-    np.testing.assert_allclose(s.alpha, fresh.alpha, atol=1e-15)
-    assert s.add(rng.standard_normal(3)) == 40  # the failed admission consumed no id
+    assert_restored(before, s)
+    assert s.kkt_residual() < 1e-12
+    assert s.add(rng.standard_normal(3)) == 41  # the failed admission consumed no id
+
+
+def test_a_refused_admission_in_warm_up_restores_the_anchor():
+    rng = np.random.default_rng(13)
+    s = IncrementalSVDD(0.2, 1.0)
+    s.extend(rng.standard_normal((3, 2)))  # n C = 0.6: warm-up, the anchor holds the rest
+    assert not s.certified
+    before = state_arrays(s)
+    s.max_events = 0
+    with pytest.raises(SolverFailure, match="state it had before it"):
+        s.extend(rng.standard_normal((4, 2)))  # would cross n C = 1 part-way
+    s.max_events = None
+    assert_restored(before, s)
+    assert not s.certified and s.warmup_mass == pytest.approx(0.4, abs=1e-15)
+    assert np.array_equal(s.extend(rng.standard_normal((2, 2))), [3, 4]) and s.certified
 
 
 # ------------------------------------------------------------------------------- views and export
@@ -765,14 +804,11 @@ def test_extend_is_all_or_nothing_when_a_walk_fails():
     s.extend(X[:25])
     before = state_arrays(s)
     s.max_events = 5  # a later row of the batch needs more
-    with pytest.raises(SolverFailure, match="rebuilt from the 25 keys"):
+    with pytest.raises(SolverFailure, match="state it had before it \\(25 keys"):
         s.extend(X[25:80])
     s.max_events = None
     assert len(s) == 25 and np.array_equal(s.ids, np.arange(25))
-    fresh = IncrementalSVDD(s.C, s.sigma)
-    fresh.extend(X[:25])
-    np.testing.assert_allclose(s.alpha, fresh.alpha, atol=1e-15)
-    assert before["next_id"] == s.state_dict()["next_id"] == 25
+    assert_restored(before, s)
     assert np.array_equal(s.extend(X[25:27]), [25, 26])
 
 
@@ -787,6 +823,9 @@ def test_failed_first_admission_fixes_no_dimension():
 
 
 def test_failure_while_rebuilding_keeps_an_exact_prefix_and_returns_the_rest(monkeypatch):
+    """The deletion's last resort: its decrement fails, the bulk build of the retained keys
+    does not certify, and the key-by-key rebuild fails too - the solver keeps the exact solve
+    of the prefix rebuilt and the exception carries the rest (nothing lost silently)."""
     rng = np.random.default_rng(4)
     X = rng.standard_normal((30, 3))
     s = IncrementalSVDD.from_nu(0.3, 30, 1.0)
@@ -798,15 +837,18 @@ def test_failure_while_rebuilding_keeps_an_exact_prefix_and_returns_the_rest(mon
             raise SolverFailure("injected")
         return admit(self, x, new_id)
 
+    def failing_decrement(self, slot, key_id):
+        raise SolverFailure("more than 1 events in one walk (forced)")
+
     monkeypatch.setattr(IncrementalSVDD, "_add_checked", fail_on_key_17_while_rebuilding)
-    s.max_events = 0
-    with pytest.raises(SolverFailure, match="first 17 of 30 keys") as info:
-        s.add(rng.standard_normal(3))
+    monkeypatch.setattr(IncrementalSVDD, "_remove_slot", failing_decrement)
+    monkeypatch.setattr(IncrementalSVDD, "_bulk_admit", lambda self, X, ids, min_keys=None: False)
+    with pytest.raises(SolverFailure, match="first 16 of 29 keys") as info:
+        s.remove(5)
     monkeypatch.undo()
-    s.max_events = None
     assert np.array_equal(info.value.dropped_ids, np.arange(17, 30))
     assert np.array_equal(info.value.dropped_keys, X[17:])
-    assert np.array_equal(s.ids, np.arange(17)) and s.kkt_residual() < 1e-12
+    assert np.array_equal(s.ids, np.delete(np.arange(17), 5)) and s.kkt_residual() < 1e-12
     assert s.add(X[0]) == 30  # issued ids are never handed out again
 
 

@@ -4,8 +4,9 @@
 the state arrays (layout: :mod:`svtoolkit.exact._walk`), their allocation and growth, one walk
 or one rest state per kernel call (:mod:`svtoolkit.exact._walk`, :mod:`svtoolkit.exact._rest`),
 slot insertion and deletion with the id bookkeeping that follows them, the warm-up anchor and
-the vertex n C = 1, polish and refactorisation, and the rebuild after a failed walk. The public
-class adds input validation, the operations, the bulk build, views, persistence and the audit.
+the vertex n C = 1, polish and refactorisation, the restore of a refused admission and the
+rebuild after a failed deletion. The public class adds input validation, the operations, the
+bulk build, views, persistence and the audit.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from .._rules import feasible, sums_to_one
 from . import _consistency as CS
 from . import _walk as W
 from ._rest import remove_and_settle, settle
+from ._state import fill_kernel_rows
 
 __all__ = ["SolverFailure", "WalkDriver"]
 
 
 class SolverFailure(RuntimeError):
-    """The exact walk could not finish (event limit or no admissible event).
+    """The exact walk could not finish (event limit, no admissible event, or a rest state that
+    drifted from the keys), and neither could the fallback.
 
-    Raised after the solver has been rebuilt from the keys it held before the operation, so
-    the state is that of a fresh solve of those keys.
+    A refused admission leaves the state the solver held before it; a deletion is not
+    refused this way (:meth:`IncrementalSVDD.remove`).
     """
 
 
@@ -411,24 +414,70 @@ class WalkDriver:
         chosen = keep(self._ids[order])
         return self._ids[order][chosen].copy(), self._Xt[:, order[chosen]].T.copy()
 
-    def _recover(self, exc, ids, keys, next_id, forget_dimension=False):
-        """After a failed admission: rebuild from the keys held before it (``ids``, ``keys``:
-        :meth:`_held_keys`), then raise.
+    def _snapshot(self):
+        """The held state without its keys, margin kernel rows and inverse: what
+        :meth:`_restore` puts back when an admission is refused. O(n + m) copies - the
+        inverse, O(m^2) to copy and as much as a whole admission at large m, is factorised
+        afresh only when it is needed."""
+        n, m = self._n, self._m
+        return {"d": self._d, "next_id": self._next_id, "ids": self._ids[:n].copy(),
+                "alpha": self._alpha[:n].copy(), "grad": self._grad[:n].copy(),
+                "status": self._status[:n].copy(), "S": self._S[:m].copy(),
+                "fs": self._fs.copy(), "ist": self._ist.copy(),
+                "margin_capacity": self._S.shape[0]}
 
-        The rebuilt state is a fresh exact solve of exactly those keys; the ids of the failed
-        admissions are not consumed (the next id is ``next_id``, the first of them).
+    def _restore(self, snap, ids, keys):
+        """Put back, in place, the state of :meth:`_snapshot` (after a refused admission).
+
+        ``ids``, ``keys``: the keys held at the snapshot, ids ascending (:meth:`_held_keys`);
+        the warm-up anchor is the origin. Ids, coefficients, gradients, rho, the partition,
+        the margin order and the settings are the snapshot's bits; the margin kernel rows are
+        recomputed from the keys by the walk's own kernel (the bits it held,
+        :func:`_state.fill_kernel_rows`); the inverse of the bordered matrix is factorised
+        afresh, as a polish of the same partition does (``n_polishes`` counts it). No walk
+        runs, so the restore cannot fail where the operation did.
         """
-        self._next_id = next_id
-        self._rebuild(ids, keys)
-        if forget_dimension and len(self) == 0:
-            self._d = None  # the failed first key fixed no dimension
+        n, m = len(snap["ids"]), len(snap["S"])
+        self._allocate(d=self._d, cap=max(self._Xt.shape[1], n + 1),
+                       mcap=snap["margin_capacity"])
+        self._slot_of = {}
+        self._d = snap["d"]
+        self._next_id = snap["next_id"]
+        if n == 0:
+            return
+        slot_ids = snap["ids"]
+        real = slot_ids >= 0
+        self._Xt[:, :n] = 0.0  # the anchor (id -1) is the origin
+        self._Xt[:, :n][:, real] = keys[np.searchsorted(ids, slot_ids[real])].T
+        self._ids[:n] = slot_ids
+        self._alpha[:n] = snap["alpha"]
+        self._grad[:n] = snap["grad"]
+        self._status[:n] = snap["status"]
+        self._S[:m] = snap["S"]
+        self._spos[:n] = -1
+        self._spos[snap["S"]] = np.arange(m)
+        self._fs[:] = snap["fs"]
+        self._ist[:] = snap["ist"]
+        self._slot_of = {int(i): slot for slot, i in enumerate(slot_ids) if i >= 0}
+        fill_kernel_rows(self)
+        if m > 0:
+            self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+            self._fs[W._MIN_PIVOT] = np.inf
+            self.n_polishes += 1
+
+    def _recover(self, exc, snap, ids, keys):
+        """After a refused admission: restore the state held before it (:meth:`_restore` of
+        ``snap``; ``ids``, ``keys`` from :meth:`_held_keys`), then raise. The ids of the
+        refused admissions are not consumed."""
+        self._restore(snap, ids, keys)
         raise SolverFailure(
-            f"{exc}; the solver was rebuilt from the {len(ids)} keys it held before the "
-            "operation (a fresh exact solve of them)"
+            f"{exc}; the admission was refused and the solver holds the state it had before "
+            f"it ({len(ids)} keys, nothing lost)"
         ) from exc
 
     def _rebuild(self, ids, keys):
-        """Fresh solve of the given keys, keeping their ids (used after a failed walk).
+        """Fresh solve of the given keys by the walk, key by key, keeping their ids (the
+        deletion fallback's last resort, when the bulk build does not certify).
 
         If a walk of the rebuild fails too, the solver keeps the exact solve of the keys
         admitted so far and a SolverFailure names the ids that were dropped; their keys are

@@ -195,8 +195,8 @@ class IncrementalSVDD(WalkDriver):
             Non-numeric input. The state is unchanged.
         SolverFailure
             The exact walk could not finish and neither could a fresh solve of every key
-            (the fallback, see :meth:`extend`); the solver was rebuilt from the keys it held
-            before (a fresh exact solve of them) and the key was not admitted.
+            (the fallback, see :meth:`extend`); the key was not admitted and the solver
+            holds the state it had before the call.
         """
         x = as_key(x, "x", d=self._d)
         return int(self._admit_rows(x[None, :])[0])
@@ -204,9 +204,10 @@ class IncrementalSVDD(WalkDriver):
     def _admit_rows(self, X):
         """Admit validated rows in order. When a walk fails, the state becomes a fresh bulk
         solve of the keys held and the whole batch (:meth:`_admit_afresh`); if that is not
-        accepted either, the solver is rebuilt from the keys held before the first row (so a
-        batch is all or nothing) and SolverFailure is raised."""
+        accepted either, the state held before the first row is restored (so a batch is all
+        or nothing; :meth:`_restore`) and SolverFailure is raised."""
         first_id, fresh = self._next_id, self._d is None
+        before, ops_before = self._snapshot(), self._ops_since_audit
         if fresh:
             self._d = X.shape[1]
             self._allocate(d=self._d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
@@ -229,7 +230,8 @@ class IncrementalSVDD(WalkDriver):
             if not (bulk_tried and len(held_ids) == 0) and self._admit_afresh(
                     np.concatenate([held_ids, ids]), np.concatenate([held_keys, X])):
                 return ids
-            self._recover(exc, held_ids, held_keys, first_id, forget_dimension=fresh)
+            self._ops_since_audit = ops_before
+            self._recover(exc, before, held_ids, held_keys)
         return ids
 
     def _admit_afresh(self, ids, keys):
@@ -397,8 +399,9 @@ class IncrementalSVDD(WalkDriver):
         exact walk fails part-way, the keys held and the whole batch are solved afresh by the
         bulk path at any size, ids kept, and taken at the same certificate
         (``n_admission_fallbacks`` counts these); only if that does not apply (n C < 1, a
-        user's ``max_events``) or is not accepted is the solver rebuilt from the keys it held
-        before the batch, with no row admitted.
+        user's ``max_events``) or is not accepted is the batch refused: the solver then holds
+        the state it had before the call (its coefficients, gradients, rho and partition to
+        the bit, the inverse factorised afresh), with no row admitted.
 
         Parameters
         ----------
@@ -414,8 +417,8 @@ class IncrementalSVDD(WalkDriver):
         ValueError, TypeError
             Bad input (any row). The state is unchanged.
         SolverFailure
-            A walk failed and so did the fresh solve of every key; the state is that of a
-            fresh solve of the keys held before.
+            A walk failed and so did the fresh solve of every key; the state is the one held
+            before the call.
         """
         X = as_keys(X, "X", d=self._d)
         return self._admit_rows(X)
