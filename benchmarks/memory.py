@@ -53,8 +53,12 @@ keys, warm); save and load of a 10,000-record memory in under a second.
 
    * ``numpy scan`` - one matrix-vector product ``|x|^2 - 2 X q + |q|^2`` on squared norms
      and support rows found beforehand (not timed), the readout normaliser over the support
-     rows from it, the threshold, ``argpartition`` for the top k, their similarities (the
-     scan the store's query should cost no more than 1.3x of; no re-score);
+     rows from it, the threshold, ``argpartition`` for the top k, their similarities, and
+     the answer as ``(record id, value, weight, similarity)`` tuples read from per-row lists
+     of ids and of values decoded beforehand (the scan the store's query should cost no
+     more than 1.3x of; no re-score, no validation, the stored objects rather than copies);
+   * ``numpy scan (rows only)`` - the same without the answer's tuples (rows, similarities
+     and normaliser: what ``store nearest`` returns);
    * ``faiss flat`` - FAISS's ``IndexFlatL2`` over float32 copies of the keys (built
      beforehand), ``search`` of one query for k (no threshold, no normaliser): a peer, not
      the same answer (float32);
@@ -80,6 +84,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -376,8 +381,8 @@ QUERY_K = 10
 QUERY_TAU = 0.5
 
 
-def numpy_scan(keys, sqnorms, support, alpha, q, k, inv_sigma2, tau):
-    """The query's answer by one matrix-vector product on maintained squared norms: rows best
+def numpy_scan_rows(keys, sqnorms, support, alpha, q, k, inv_sigma2, tau):
+    """The query's rows by one matrix-vector product on maintained squared norms: rows best
     first, their similarities, and the readout normaliser ``sum_i alpha_i k(q, x_i)`` over
     the support rows ``support`` (``alpha``: their coefficients)."""
     a = keys @ (q * -2.0)
@@ -389,6 +394,16 @@ def numpy_scan(keys, sqnorms, support, alpha, q, k, inv_sigma2, tau):
         rows = rows[np.argpartition(a[rows], k - 1)[:k]]
     rows = rows[np.argsort(a[rows], kind="stable")]
     return rows, np.exp(a[rows] * -inv_sigma2), total
+
+
+def numpy_scan(scan_rows, row_alpha, row_ids, row_values, q):
+    """The query's answer from :func:`numpy_scan_rows` (``scan_rows(q)``): ``(record id,
+    value, weight, similarity)`` per row, the ids and values read from per-row lists (the
+    values decoded beforehand: the stored objects themselves, not copies)."""
+    rows, sims, total = scan_rows(q)
+    weights = row_alpha[rows] * sims / total
+    return [(row_ids[r], row_values[r], w, s)
+            for r, w, s in zip(rows.tolist(), weights.tolist(), sims.tolist())]
 
 
 def direct_query(keys, alpha, sids, q, k, inv_sigma2, tau, block=512):
@@ -436,11 +451,18 @@ def query_benchmark(n, d_intrinsic, d, rng, *, n_queries, rounds):
     support = alpha.nonzero()[0]
     inv = 1.0 / (sigma * sigma)
     index = _faiss_index(held)
+    row_ids = table.record_ids(sids)
+    row_values = [json.loads(table.get(r)[1]) for r in row_ids]
+
+    def scan_rows(q):
+        return numpy_scan_rows(held, sqnorms, support, alpha[support], q, QUERY_K, inv,
+                               QUERY_TAU)
+
     variants = {
         "store query": lambda q: mem.query(q, k=QUERY_K, min_similarity=QUERY_TAU),
         "store nearest": lambda q: table.nearest(q, QUERY_K, inv, QUERY_TAU),
-        "numpy scan": lambda q: numpy_scan(held, sqnorms, support, alpha[support], q, QUERY_K,
-                                           inv, QUERY_TAU),
+        "numpy scan": lambda q: numpy_scan(scan_rows, alpha, row_ids, row_values, q),
+        "numpy scan (rows only)": scan_rows,
         "direct (previous query)": lambda q: direct_query(held, alpha, sids, q, QUERY_K, inv,
                                                           QUERY_TAU),
     }
@@ -448,13 +470,17 @@ def query_benchmark(n, d_intrinsic, d, rng, *, n_queries, rounds):
         variants["faiss flat"] = lambda q: index.search(
             np.asarray(q, dtype=np.float32)[None], QUERY_K)
     # the answers: the store's ids, order and similarities against the direct computation
-    agree, faiss_agree = 0, 0
+    agree, scan_agree, faiss_agree = 0, 0, 0
     for q in Q:
         hits = mem.query(q, k=QUERY_K, min_similarity=QUERY_TAU)
         rows, ref_sims, _ = direct_query(held, alpha, sids, q, QUERY_K, inv, QUERY_TAU)
         same = ([h.record_id for h in hits] == table.record_ids(sids[rows])
                 and np.allclose([h.score for h in hits], ref_sims, rtol=1e-12, atol=0))
         agree += bool(same)
+        scanned = variants["numpy scan"](q)
+        scan_agree += bool([h[:2] for h in hits] == [s[:2] for s in scanned]
+                           and np.allclose([h[2:] for h in hits], [s[2:] for s in scanned],
+                                           rtol=1e-9, atol=0))
         if index is not None:
             _, ids = variants["faiss flat"](q)
             faiss_agree += set(ids[0][: len(rows)].tolist()) == set(rows.tolist())
@@ -475,7 +501,8 @@ def query_benchmark(n, d_intrinsic, d, rng, *, n_queries, rounds):
            "supporting_per_query_median": float(np.median(
                [len(direct_query(held, alpha, sids, q, n, inv, QUERY_TAU)[0])
                 for q in Q[:5]])),
-           "answers_equal_direct": agree, "faiss_same_ids": faiss_agree if index else None,
+           "answers_equal_direct": agree, "numpy_scan_same_answer": scan_agree,
+           "faiss_same_ids": faiss_agree if index else None,
            "seconds": {}}
     for name, per_round in times.items():
         medians = [float(np.median(t)) for t in per_round]
@@ -495,12 +522,12 @@ def query_table(payload):
              f"`python benchmarks/memory.py --only-query`", "",
              f"Median µs per query (k = {QUERY_K}, min_similarity {QUERY_TAU}) over rounds "
              "[min-max of the round medians]; ratio to the NumPy scan in parentheses.", "",
-             "| n | d | store query | store nearest | numpy scan | faiss flat | "
-             "direct (previous query) |", "|" + "---|" * 7]
+             "| n | d | store query | store nearest | numpy scan | numpy scan (rows only) | "
+             "faiss flat | direct (previous query) |", "|" + "---|" * 8]
     for r in payload["query"]:
         cells = []
-        for name in ("store query", "store nearest", "numpy scan", "faiss flat",
-                     "direct (previous query)"):
+        for name in ("store query", "store nearest", "numpy scan", "numpy scan (rows only)",
+                     "faiss flat", "direct (previous query)"):
             v = r["seconds"].get(name)
             cells.append("-" if v is None else
                          f"{v['median'] * 1e6:,.0f} [{v['min'] * 1e6:,.0f}-"

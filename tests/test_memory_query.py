@@ -168,3 +168,23 @@ def test_squared_norms_follow_the_rows():
     mem.forget("big", verify=False)  # the largest norm goes: the bound is recomputed
     assert_matches_reference(mem, X[30], 5, 0.5)
     assert table._sqnorm_max == table.row_sqnorm[: table.n].max()
+
+
+def test_values_come_back_as_stored_and_as_fresh_copies():
+    """A hit's value equals the value added - strings read without the JSON parser when
+    their canonical text has no escape (quotes, backslashes and control characters are
+    escaped; non-ASCII is kept), every other value parsed - and a mutable value is a fresh
+    copy that the caller may change without changing the store."""
+    values = ["plain", "", "naïve – ünïcödé 🙂", 'a "quoted" word', "back\\slash",
+              "tab\tand\nnewline\x01", "\u2028 line separator", "null", 0, 2.5, None,
+              True, ["a", {"b": [1, "c\"d"]}], {"k": "v"}]
+    X = np.random.default_rng(17).standard_normal((len(values), 3)) * 10.0
+    mem = ForgettableMemory(sigma=1.0, C=0.2)
+    mem.extend(X, values)
+    for x, value in zip(X, values):
+        hits = mem.query(x, k=1)
+        assert len(hits) == 1 and hits[0].value == value
+        assert type(hits[0].value) is type(value)
+    hit = mem.query(X[-2], k=1)[0]
+    hit.value[1]["b"].append(2)
+    assert mem.query(X[-2], k=1)[0].value == values[-2]

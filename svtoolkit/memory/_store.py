@@ -752,13 +752,11 @@ class ForgettableMemory:
                 return []
             table.sync_alpha(self._solver)
             rows, sims, total = table.nearest(q, int(k), 1.0 / (self.sigma * self.sigma), tau)
-            hits = []
-            for sid, alpha, sim in zip(table.row_sid[rows].tolist(),
-                                       table.row_alpha[rows].tolist(), sims.tolist()):
-                record_id = table.record_id(sid)
-                hits.append(Hit(record_id, decode_value(table.get(record_id)[1]),
-                                alpha * sim / total if total > 0.0 else 0.0, sim))
-            return hits
+            weights = (table.row_alpha[rows] * sims / total if total > 0.0
+                       else np.zeros(len(rows)))
+            record_ids, texts = table.records_at(rows)
+            return list(map(Hit._make, zip(record_ids, map(decode_value, texts),
+                                           weights.tolist(), sims.tolist())))
 
     def decision_function(self, X):
         """SVDD decision function ``f(x) = 2 sum_i a_i k(x, x_i) - 1 + rho`` of the held keys.

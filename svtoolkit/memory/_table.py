@@ -121,6 +121,7 @@ class RecordTable:
         self.row_sid = np.zeros(0, dtype=np.int64)
         self.row_alpha = np.zeros(0)
         self.support_rows = np.zeros(0, dtype=np.int64)  # rows with row_alpha != 0
+        self.support_alpha = np.zeros(0)  # row_alpha[support_rows]
         self._row_by_sid = np.zeros(0, dtype=np.int64)
         self._leaf_by_sid = np.zeros((0, 32), dtype=np.uint8)
         self._block_hash = np.zeros((0, 32), dtype=np.uint8)
@@ -148,6 +149,12 @@ class RecordTable:
     def record_ids(self, sids):
         """Record ids of the solver ids ``sids`` (same order)."""
         return [self._rid_by_sid[int(s)] for s in sids]
+
+    def records_at(self, rows):
+        """Record ids and value texts (two lists) of the records in table rows ``rows``."""
+        record_ids = list(map(self._rid_by_sid.__getitem__, self.row_sid[rows].tolist()))
+        records = self._records
+        return record_ids, [records[rid][1] for rid in record_ids]
 
     def key(self, sid):
         """Key of the record in slot ``sid``, ndarray of shape (d,) (a copy)."""
@@ -251,11 +258,12 @@ class RecordTable:
 
     def sync_alpha(self, solver):
         """Copy the solver's coefficients into the rows, and find the rows of the support
-        (``row_alpha != 0``), once per change."""
+        (``row_alpha != 0``) and their coefficients, once per change."""
         if not self._alpha_synced:
             if self.n:
                 self.row_alpha[self._row_by_sid[solver.ids]] = solver.alpha
             self.support_rows = self.row_alpha[: self.n].nonzero()[0]
+            self.support_alpha = self.row_alpha[self.support_rows]
             self._alpha_synced = True
 
     # ------------------------------------------------------------------ search
@@ -325,7 +333,7 @@ class RecordTable:
             if approximate_total:
                 approx = np.multiply(a[support], -inv_sigma2)
                 np.exp(approx, out=approx)
-                total = float(self.row_alpha[support] @ approx)
+                total = float(self.support_alpha @ approx)
             # |a_i - D'_i| <= A + B a_i for the direct sum D'_i: E, the relative error of
             # D'_i, and a margin of 64 u (relative, and absolute in units of sigma^2) for the
             # rounding of exp(-D' inv_sigma2) and of the threshold (rows whose D' differ by
@@ -344,15 +352,14 @@ class RecordTable:
                 rows = rows[near <= (t * (1.0 + slack_b) + 2.0 * slack_a) / (1.0 - slack_b)]
             sims = self._direct_similarities(rows, q, inv_sigma2)
             if approximate_total:  # the candidates' terms from their direct scores
-                alpha = self.row_alpha[rows]
                 approx = np.multiply(a[rows], -inv_sigma2)
-                total += float(alpha @ sims - alpha @ np.exp(approx, out=approx))
+                total += float(self.row_alpha[rows] @ (sims - np.exp(approx, out=approx)))
             else:  # keys far from the origin for sigma: the normaliser from the differences
-                total = float(self.row_alpha[support]
+                total = float(self.support_alpha
                               @ self._direct_similarities(support, q, inv_sigma2))
-        keep = sims >= min_similarity
-        rows, sims = rows[keep], sims[keep]
-        order = np.lexsort((self.row_sid[rows], -sims))[:k]
+        # best first; the supporting rows (s_i >= min_similarity) are then a prefix
+        order = np.lexsort((self.row_sid[rows], -sims))
+        order = order[: min(k, int(np.count_nonzero(sims >= min_similarity)))]
         return rows[order], sims[order], total
 
     def _direct_similarities(self, rows, q, inv_sigma2):
