@@ -197,8 +197,8 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         ValueError
             Bad input, or a number of features other than at fit. Nothing is admitted.
         SolverFailure
-            An exact walk failed; the model is a fresh solve of the samples held before the
-            call and none of ``X`` was admitted.
+            An exact walk failed and so did its fallback; the model is the one held before
+            the call and none of ``X`` was admitted.
         """
         if not self.__sklearn_is_fitted__():
             return self.fit(X)
@@ -206,7 +206,7 @@ class IncrementalOneClassSVM(OutlierMixin, BaseEstimator):
         try:
             self.solver_.extend(X)
         finally:
-            self._sync()  # after a SolverFailure the solver holds a rebuilt state
+            self._sync()  # after a SolverFailure the solver holds the state before the call
         self.n_samples_seen_ += len(X)
         return self
 

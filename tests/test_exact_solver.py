@@ -29,6 +29,7 @@ from svtoolkit import IncrementalSVDD, SolverFailure, rbf_kernel
 from svtoolkit._rules import FEASIBILITY_TOL
 from svtoolkit.exact import BulkFallbackWarning
 from svtoolkit.exact import _walk as W
+from svtoolkit.exact import solver as solver_module
 from svtoolkit.reference import decision_function, objective, solve_svdd
 
 TOL_OBJ = 1e-9
@@ -822,14 +823,20 @@ def test_failed_first_admission_fixes_no_dimension():
     assert s.add([1.0, 2.0]) == 0
 
 
-def test_failure_while_rebuilding_keeps_an_exact_prefix_and_returns_the_rest(monkeypatch):
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_deletion_whose_every_fallback_fails_is_refused_with_nothing_lost(monkeypatch, batch):
     """The deletion's last resort: its decrement fails, the bulk build of the retained keys
-    does not certify, and the key-by-key rebuild fails too - the solver keeps the exact solve
-    of the prefix rebuilt and the exception carries the rest (nothing lost silently)."""
+    does not certify, and the key-by-key rebuild fails too. The deletion is then refused and
+    the solver holds the state it had before, the victim included (before, the rebuilt prefix
+    was kept and the other keys were dropped: a store holding records for them fell out of
+    step with its solver)."""
     rng = np.random.default_rng(4)
     X = rng.standard_normal((30, 3))
     s = IncrementalSVDD.from_nu(0.3, 30, 1.0)
     s.extend(X)
+    s.remove(int(s.reserve_ids[s.reserve_ids != 17][0]))  # slots no longer in id order
+    victims = [int(i) for i in s.margin_ids if i != 17][:2]  # key 17 is rebuilt, and fails
+    before = state_arrays(s)
     admit = IncrementalSVDD._add_checked
 
     def fail_on_key_17_while_rebuilding(self, x, new_id):
@@ -843,13 +850,18 @@ def test_failure_while_rebuilding_keeps_an_exact_prefix_and_returns_the_rest(mon
     monkeypatch.setattr(IncrementalSVDD, "_add_checked", fail_on_key_17_while_rebuilding)
     monkeypatch.setattr(IncrementalSVDD, "_remove_slot", failing_decrement)
     monkeypatch.setattr(IncrementalSVDD, "_bulk_admit", lambda self, X, ids, min_keys=None: False)
-    with pytest.raises(SolverFailure, match="first 16 of 29 keys") as info:
-        s.remove(5)
+    if batch:
+        for name in ("BULK_REMOVE_FRACTION", "BULK_REMOVE_MARGIN_SHARE"):
+            monkeypatch.setattr(solver_module, name, 0.0)  # take the batch's fresh-solve path
+        monkeypatch.setattr(solver_module, "BULK_MIN_KEYS", 1)
+    caller = "remove_many" if batch else "remove"
+    with pytest.raises(SolverFailure, match=rf"; {caller}: .* deletion was refused .* before it"):
+        s.remove_many(victims) if batch else s.remove(victims[0])
     monkeypatch.undo()
-    assert np.array_equal(info.value.dropped_ids, np.arange(17, 30))
-    assert np.array_equal(info.value.dropped_keys, X[17:])
-    assert np.array_equal(s.ids, np.delete(np.arange(17), 5)) and s.kkt_residual() < 1e-12
-    assert s.add(X[0]) == 30  # issued ids are never handed out again
+    assert_restored(before, s)
+    assert s.kkt_residual() < 1e-12
+    s.remove_many(victims)  # the same deletion goes through once the walks can finish
+    assert not set(victims) & set(s.ids.tolist()) and s.add(X[0]) == 30
 
 
 def test_from_nu_names_nu_when_C_would_overflow():

@@ -477,31 +477,15 @@ class WalkDriver:
 
     def _rebuild(self, ids, keys):
         """Fresh solve of the given keys by the walk, key by key, keeping their ids (the
-        deletion fallback's last resort, when the bulk build does not certify).
-
-        If a walk of the rebuild fails too, the solver keeps the exact solve of the keys
-        admitted so far and a SolverFailure names the ids that were dropped; their keys are
-        on the exception (``dropped_ids``, ``dropped_keys``), so nothing is lost silently.
-        """
+        deletion fallback's last resort, when the bulk build does not certify). A walk that
+        fails raises SolverFailure and leaves a partial state: the caller restores the state
+        it held before (:meth:`_restore`)."""
         next_id = self._next_id
         self._reset()
         self._rebuilding = True  # with the default event limit, not a user override
-        done = 0
         try:
             for key_id, x in zip(ids, keys, strict=True):
                 self._add_checked(x, int(key_id))
-                done += 1
-        except SolverFailure as exc:
-            self._reset()  # the failed walk left a partial state: redo the admitted prefix
-            for key_id, x in zip(ids[:done], keys[:done], strict=True):
-                self._add_checked(x, int(key_id))
-            failure = SolverFailure(
-                f"{exc}; rebuilding after a failed walk failed too: the solver holds an exact "
-                f"solve of its first {done} of {len(ids)} keys; the other {len(ids) - done} "
-                f"(ids {ids[done]} on) were dropped - their ids and keys are on this "
-                "exception as dropped_ids and dropped_keys")
-            failure.dropped_ids, failure.dropped_keys = ids[done:].copy(), keys[done:].copy()
-            raise failure from exc
         finally:
             self._rebuilding = False
             self._next_id = next_id

@@ -439,32 +439,36 @@ class IncrementalSVDD(WalkDriver):
         KeyError
             Unknown id, or an id that was already removed. The state is unchanged.
         SolverFailure
-            Only if that fresh solve fails too; the exception names the keys it could not
-            admit (``dropped_ids``, ``dropped_keys``), the deleted key not among them.
+            Only if that fresh solve fails too: then the deletion is refused and the solver
+            holds the state it had before the call (nothing lost; never observed but with
+            failures forced in the tests).
         """
         slot = self._lookup(id)
         if len(self) == 1:
             self._reset()
             self._after_operation()
             return
+        if self._alpha[slot] == 0.0:
+            # a key with a = 0 leaves without a step: nothing moves, no walk runs
+            self._remove_slot(slot, int(id))
+            self._after_operation()
+            return
+        # the removal walks, at O(n m) per event, beside which this O(n + m) copy is small
+        before = self._deletion_snapshot([slot])
         try:
-            if self._anchor < 0 and self._alpha[slot] > 0.0 and self._on_vertex(len(self) - 1):
+            if self._anchor < 0 and self._on_vertex(len(self) - 1):
                 # the retained keys have one feasible point: land on it (a walk would have to
                 # end on the rounding residue of the victim's mass; see _land_on_vertex)
                 del self._slot_of[int(id)]
                 self._land_on_vertex(slot)
                 self._settle()
             else:
-                if (
-                    self._anchor < 0
-                    and self._alpha[slot] > 0.0
-                    and not self._feasible(len(self) - 1)
-                ):
+                if self._anchor < 0 and not self._feasible(len(self) - 1):
                     self._admit_anchor()
                 self._remove_slot(slot, int(id))
         except SolverFailure:
             # the right to be forgotten does not depend on the walk: solve the rest afresh
-            self._solve_afresh_without([int(id)], "remove")
+            self._solve_afresh_without([int(id)], "remove", before)
             return
         self._after_operation()
 
@@ -507,15 +511,23 @@ class IncrementalSVDD(WalkDriver):
         if (wanted and len(wanted) >= BULK_REMOVE_FRACTION * n
                 and self._m >= BULK_REMOVE_MARGIN_SHARE * n and rest >= BULK_MIN_KEYS
                 and self._feasible(rest) and self._anchor < 0 and self.max_events is None):
-            self._solve_afresh_without(wanted, "remove_many")
+            before = self._deletion_snapshot([self._slot_of[key_id] for key_id in wanted])
+            self._solve_afresh_without(wanted, "remove_many", before)
             return
         for key_id in wanted:
             self.remove(key_id)
 
-    def _solve_afresh_without(self, wanted, caller):
+    def _deletion_snapshot(self, slots):
+        """:meth:`_snapshot` with the keys in ``slots`` (the ones to delete) and their ids:
+        what a refused deletion needs to put back, its victims included."""
+        return self._snapshot(), self._ids[slots].copy(), self._Xt[:, slots].T.copy()
+
+    def _solve_afresh_without(self, wanted, caller, before):
         """Replace the state by a fresh solve of the keys not in ``wanted`` (ids and the next
         id kept): the bulk build, or the walk's rebuild when its landing is not accepted (a
-        :class:`BulkFallbackWarning` names ``caller`` then)."""
+        :class:`BulkFallbackWarning` names ``caller`` then). If that rebuild fails too, the
+        state of ``before`` (:meth:`_deletion_snapshot`) is restored and SolverFailure
+        raised: a refused deletion, with nothing lost."""
         wanted = np.asarray(wanted, dtype=np.int64)
         ids, keys = self._held_keys(lambda held: ~np.isin(held, wanted))
         fallbacks = self.n_bulk_fallbacks
@@ -526,7 +538,17 @@ class IncrementalSVDD(WalkDriver):
                           f"not accepted ({self.bulk_fallback_reason}); rebuilding them key "
                           "by key through the exact walk, which reaches the same optimum but "
                           "can take far longer", BulkFallbackWarning, stacklevel=3)
-        self._rebuild(ids, keys)
+        try:
+            self._rebuild(ids, keys)
+        except SolverFailure as exc:
+            snapshot, victim_ids, victim_keys = before
+            all_ids = np.concatenate([ids, victim_ids])
+            order = np.argsort(all_ids, kind="stable")
+            self._restore(snapshot, all_ids[order], np.concatenate([keys, victim_keys])[order])
+            raise SolverFailure(
+                f"{exc}; {caller}: the fresh solve of the {len(ids)} retained keys failed too, "
+                "so the deletion was refused and the solver holds the state it had before it "
+                "(nothing lost)") from exc
         self._after_operation()
 
     def evict_reserve(self):

@@ -479,7 +479,7 @@ class ForgettableMemory:
             record_id, next_auto = self._new_record_id(record_id)
             # everything that can fail, before the solver
             leaf = _table.record_leaf(record_id, key, value_text)
-            sid = self._solver.add(key)  # SolverFailure: rebuilt without the key, re-raised
+            sid = self._solver.add(key)  # SolverFailure: state as before, re-raised
             self._table.insert(int(sid), key, record_id, value_text, leaf)
             self._next_auto = next_auto
             self._untombstone(record_id)
