@@ -35,6 +35,9 @@ What is timed (wall clock, ``time.perf_counter_ns``, after warm-up; median, min,
 
 from __future__ import annotations
 
+import svtoolkit  # noqa: F401  (first: its OpenMP spin default precedes torch's runtime)
+
+# isort: split
 import argparse
 import json
 import os
@@ -51,7 +54,6 @@ from scipy.spatial.distance import pdist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_model  # noqa: E402
 
-import svtoolkit  # noqa: E402
 from svtoolkit import IncrementalSVDD  # noqa: E402
 from svtoolkit.torch._gate_autograd import ExactGateFunction, GramGateFunction, rbf  # noqa: E402
 from svtoolkit.torch.exact_gate import _state_from_solver  # noqa: E402

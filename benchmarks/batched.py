@@ -29,6 +29,9 @@ Writes ``benchmarks/results/batched.json`` and ``batched.md``.
 
 from __future__ import annotations
 
+import svtoolkit  # noqa: F401  (first: its OpenMP spin default precedes torch's runtime)
+
+# isort: split
 import argparse
 import json
 import os
@@ -42,7 +45,6 @@ import numba
 import numpy as np
 import torch
 
-import svtoolkit
 from svtoolkit import IncrementalSVDD
 from svtoolkit.torch import set_threads
 

@@ -30,6 +30,9 @@ Writes ``benchmarks/results/batched_accuracy.json`` and ``batched_accuracy.md``.
 
 from __future__ import annotations
 
+import svtoolkit  # noqa: F401  (first: its OpenMP spin default precedes torch's runtime)
+
+# isort: split
 import argparse
 import json
 import os
@@ -41,7 +44,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import svtoolkit
 from svtoolkit import IncrementalSVDD, rbf_kernel
 from svtoolkit.data import gaussian_keys, redundant_keys
 from svtoolkit.torch import fista_svdd, partition_masks, ridged_svdd_solve

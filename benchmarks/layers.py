@@ -39,6 +39,9 @@ Usage::
 
 from __future__ import annotations
 
+import svtoolkit  # noqa: F401  (first: its OpenMP spin default precedes torch's runtime)
+
+# isort: split
 import argparse
 import json
 import os

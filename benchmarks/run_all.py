@@ -54,6 +54,7 @@ PLAN = (
     ("layers_block1024", ["benchmarks/layers.py", "--block", "1024", "--batch", "4", "--layers",
                           "softmax", "sv_hybrid"],
      ["layers_block1024.json", "layers_block1024.md"]),
+    ("threads", ["benchmarks/threads.py"], ["threads.json", "threads.md"]),
     ("trainer", ["benchmarks/trainer.py"], ["trainer.json", "trainer.md"]),
     ("decode", ["benchmarks/decode.py"], ["decode.json", "decode.md"]),
     ("decode_competitor", ["benchmarks/decode.py", "--competitor"],

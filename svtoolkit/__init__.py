@@ -24,6 +24,11 @@ interior-point reference, extra ``verify``), :mod:`svtoolkit.torch` and :mod:`sv
 
 import importlib
 
+from ._openmp import default_spin
+
+# before any OpenMP runtime is loaded (torch's, Numba's): see svtoolkit/_openmp.py
+default_spin()
+
 # Imported on first use (PEP 562): the solver and kernels load Numba (about half a second), which
 # a command that only talks to a memory server does not need.
 _EXPORTS = {
