@@ -32,6 +32,7 @@ import svtoolkit  # noqa: F401  (first: its OpenMP spin default precedes torch's
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,12 +77,12 @@ def summarise(cells):
             runs = [c for c in cells if c["load"] == load and c["setting"] == name]
             if not runs:
                 continue
-            med = {layer: sorted(r["seconds"][layer] for r in runs)[len(runs) // 2]
+            med = {layer: statistics.median(r["seconds"][layer] for r in runs)
                    for layer in LAYERS}
             ratios = [r["seconds"]["sv_hybrid"] / r["seconds"]["softmax"] for r in runs]
             rows[name] = {"softmax_s": med["softmax"], "sv_hybrid_s": med["sv_hybrid"],
-                          "ratio": sorted(ratios)[len(ratios) // 2],
-                          "ratios": ratios}
+                          "ratio": statistics.median(ratios), "ratios": ratios,
+                          "ratio_range": [min(ratios), max(ratios)]}
         if REFERENCE in rows:
             for row in rows.values():
                 row["ratio_over_one_thread"] = row["ratio"] / rows[REFERENCE]["ratio"]
@@ -95,16 +96,18 @@ def markdown(payload):
              f"{m['cpu']}, {m['cores']} cores; `{payload['command']}`; "
              f"{payload['config']['rounds']} round(s); the layers benchmark's softmax and SV "
              "hybrid training steps (T = 256, B = 16), median seconds over rounds; ratio: "
-             "SV hybrid / softmax; last column: that ratio over the one-thread ratio of the "
-             f"same load (goal <= {GOAL}x).", "",
+             "SV hybrid / softmax, median [min-max] over rounds; last column: that ratio over "
+             f"the one-thread ratio of the same load (goal <= {GOAL}x).", "",
              "## Steps and ratios by thread setting", "",
              "| load | setting | softmax step (s) | SV hybrid step (s) | ratio "
              "| ratio / one-thread ratio |",
              "|---|---|---:|---:|---:|---:|"]
     for load, rows in payload["summary"].items():
         for name, row in rows.items():
+            low, high = row["ratio_range"]
             lines.append(f"| {load} | {name} | {row['softmax_s']:.3f} | {row['sv_hybrid_s']:.3f} "
-                         f"| {row['ratio']:.2f} | {row.get('ratio_over_one_thread', 0):.2f} |")
+                         f"| {row['ratio']:.2f} [{low:.2f}-{high:.2f}] "
+                         f"| {row.get('ratio_over_one_thread', 0):.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,11 +6,11 @@ system's) keeps a worker that waits for the next parallel region spinning for
 ``OMP_WAIT_POLICY`` is set. The SV layers run many short parallel regions, with serial work
 (Numba kernels, Python) between them, so two idle-spinning pools and a busy neighbour take the
 cores from the thread that has work. Measured on a 2-core Intel Xeon (``python
-benchmarks/threads.py``): beside one CPU-bound process the SV hybrid's training step took
-3.1-6.5 s with the default spin and 2.4-2.6 s with 10,000 (one thread per pool: 1.7 s), its
-ratio to the softmax step 2.5-4.0x against 2.3x (1.8x); on idle cores 0.99 s either way.
-``OMP_WAIT_POLICY=PASSIVE`` (no spin) did as well beside a neighbour but made the idle step
-23-32 % slower.
+benchmarks/threads.py``, two rounds, each setting in a fresh process): beside one CPU-bound
+process the SV hybrid's training step took 4.8-6.4 s with the default spin and 2.6 s with
+10,000 (one thread per pool: 1.8-1.9 s), its ratio to the softmax step 2.9-4.2x against 2.3x
+(1.8x); on idle cores 1.01-1.05 s against 1.08-1.09 s. ``OMP_WAIT_POLICY=PASSIVE`` (no spin)
+did better beside a neighbour (2.1-2.3 s) but made the idle step 30 % slower (1.31-1.40 s).
 
 libgomp reads the variable once, when it is loaded, so the default reaches the runtimes loaded
 after ``import svtoolkit``: torch's when svtoolkit is imported first, Numba's always (it loads

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "svtoolkit"
 #: The floors of docs/design.md (section 8), lowest first: a module may import only from its own
 #: floor or those below. Each entry is a top-level module or subpackage of svtoolkit.
 FLOORS = (
-    ("_rules", "_validation", "_optional", "_jit"),
+    ("_rules", "_validation", "_optional", "_jit", "_openmp"),
     ("kernels", "_fista", "data", "corpora", "tasks", "stats", "sweep", "embeddings",
      "_minilm"),
     ("exact",),
