@@ -181,7 +181,7 @@ def test_values_come_back_as_stored_and_as_fresh_copies():
     X = np.random.default_rng(17).standard_normal((len(values), 3)) * 10.0
     mem = ForgettableMemory(sigma=1.0, C=0.2)
     mem.extend(X, values)
-    for x, value in zip(X, values):
+    for x, value in zip(X, values, strict=True):
         hits = mem.query(x, k=1)
         assert len(hits) == 1 and hits[0].value == value
         assert type(hits[0].value) is type(value)

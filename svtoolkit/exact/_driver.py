@@ -26,8 +26,8 @@ class SolverFailure(RuntimeError):
     """The exact walk could not finish (event limit, no admissible event, or a rest state that
     drifted from the keys), and neither could the fallback.
 
-    A refused admission leaves the state the solver held before it; a deletion is not
-    refused this way (:meth:`IncrementalSVDD.remove`).
+    A refused operation leaves the state the solver held before it. A deletion is refused
+    only when the fresh solve of the keys it retains fails too (:meth:`IncrementalSVDD.remove`).
     """
 
 
@@ -416,7 +416,7 @@ class WalkDriver:
 
     def _snapshot(self):
         """The held state without its keys, margin kernel rows and inverse: what
-        :meth:`_restore` puts back when an admission is refused. O(n + m) copies - the
+        :meth:`_restore` puts back when an operation is refused. O(n + m) copies - the
         inverse, O(m^2) to copy and as much as a whole admission at large m, is factorised
         afresh only when it is needed."""
         n, m = self._n, self._m
@@ -427,7 +427,7 @@ class WalkDriver:
                 "margin_capacity": self._S.shape[0]}
 
     def _restore(self, snap, ids, keys):
-        """Put back, in place, the state of :meth:`_snapshot` (after a refused admission).
+        """Put back, in place, the state of :meth:`_snapshot` (after a refused operation).
 
         ``ids``, ``keys``: the keys held at the snapshot, ids ascending (:meth:`_held_keys`);
         the warm-up anchor is the origin. Ids, coefficients, gradients, rho, the partition,

@@ -429,10 +429,10 @@ class IncrementalSVDD(WalkDriver):
         Afterwards the state is the optimum of the retained keys under the same C - what a
         fresh solve of them gives. A deletion is not refused for want of a walk: if the
         retained keys can no longer satisfy ``sum(a) = 1`` the solver returns to warm-up, and
-        if the exact decrement cannot finish (a walk past its event limit, or a rest state that drifted from
-        the keys on numerically degenerate keys) the state is replaced by a fresh solve of the
-        retained keys - the same optimum, reached another way (``n_bulk_builds`` or
-        ``n_rebuilds`` counts it).
+        if the exact decrement cannot finish (a walk past its event limit, or a rest state
+        that drifted from the keys on numerically degenerate keys) the state is replaced by a
+        fresh solve of the retained keys - the same optimum, reached another way
+        (``n_bulk_builds`` or ``n_rebuilds`` counts it).
 
         Raises
         ------

@@ -756,7 +756,7 @@ class ForgettableMemory:
                        else np.zeros(len(rows)))
             record_ids, texts = table.records_at(rows)
             return list(map(Hit._make, zip(record_ids, map(decode_value, texts),
-                                           weights.tolist(), sims.tolist())))
+                                           weights.tolist(), sims.tolist(), strict=True)))
 
     def decision_function(self, X):
         """SVDD decision function ``f(x) = 2 sum_i a_i k(x, x_i) - 1 + rho`` of the held keys.
