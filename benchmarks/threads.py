@@ -50,6 +50,7 @@ SETTINGS = (
     ("one thread per pool", {}, ["--threads", "1"]),
 )
 REFERENCE = "one thread per pool"
+TABLE_TITLE = "Steps and ratios by thread setting"
 GOAL = 1.3
 LAYERS = ("softmax", "sv_hybrid")
 
@@ -98,7 +99,7 @@ def markdown(payload):
              "hybrid training steps (T = 256, B = 16), median seconds over rounds; ratio: "
              "SV hybrid / softmax, median [min-max] over rounds; last column: that ratio over "
              f"the one-thread ratio of the same load (goal <= {GOAL}x).", "",
-             "## Steps and ratios by thread setting", "",
+             f"## {TABLE_TITLE}", "",
              "| load | setting | softmax step (s) | SV hybrid step (s) | ratio "
              "| ratio / one-thread ratio |",
              "|---|---|---:|---:|---:|---:|"]

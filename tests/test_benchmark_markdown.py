@@ -48,3 +48,17 @@ def test_the_committed_markdown_is_rendered_from_the_committed_json(script, resu
             assert f"\n## {title}\n" in text, (name, title)
     for title in titles(bench):  # README shows each table by its heading
         assert f'<!-- table: benchmarks/results/{results[0]}.md "{title}" -->' in readme
+
+
+def test_the_threads_summary_and_markdown_follow_the_recorded_cells():
+    """benchmarks/threads.py: the summary (medians over rounds, ratios over the one-thread
+    ratio) is a function of the recorded cells, the markdown of the JSON, and docs/design.md
+    shows the table by its heading."""
+    bench = load_benchmark("threads")
+    payload = json.loads((RESULTS / "threads.json").read_text())
+    assert bench.summarise(payload["cells"]) == payload["summary"]
+    assert bench.markdown(payload) == (RESULTS / "threads.md").read_text()
+    busy = payload["summary"]["competitor"]
+    assert busy[bench.REFERENCE]["ratio_over_one_thread"] == 1.0
+    design = (ROOT / "docs" / "design.md").read_text()
+    assert f'<!-- table: benchmarks/results/threads.md "{bench.TABLE_TITLE}" -->' in design
