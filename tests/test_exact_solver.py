@@ -550,7 +550,7 @@ def test_decision_function_validates_queries():
 
 
 def assert_restored(before, solver):
-    """The state after a refused admission is ``before`` (``state_arrays``) to the bit, but
+    """The state after a refused operation is ``before`` (``state_arrays``) to the bit, but
     for the inverse, which the restore factorises afresh, and the smallest pivot since the
     last factorisation, reset with it: the inverse is the fresh inverse of the bordered
     matrix of the same margin set (checked to the bit against ``np.linalg.inv``), and within
