@@ -56,9 +56,60 @@ def test_collinear_landing_is_polished_not_replayed(monkeypatch):
     np.testing.assert_allclose(bulk.alpha, walked.alpha, rtol=0, atol=TOL_ALPHA_COLLINEAR)
 
 
-def test_without_the_polish_the_same_build_falls_back_and_says_why(monkeypatch):
-    """The same keys with the polish switched off: the fallback is counted and named."""
+def _objective(s):
+    """a^T K a of a solver's state, from its keys (the SVDD dual's objective)."""
+    X = s.keys
+    K = np.exp(-((X[:, None, :] - X[None, :, :]) ** 2).sum(-1) / s.sigma**2)
+    return float(s.alpha @ K @ s.alpha)
+
+
+def _no_active_set(*args, **kwargs):
+    return None, 0.0, False
+
+
+def test_a_landing_that_is_not_accepted_is_solved_by_the_active_set(monkeypatch):
+    """The same keys with the polish switched off: the landing's certificate fails, and the
+    primal active-set method solves the build from the SMO iterate instead of a replay. Two
+    feasible states whose KKT residuals are at most eps have objectives within 2 eps of each
+    other (the gap is at most g . (a1 - a2), and ||a1 - a2||_1 <= 2 as both sum to 1), plus
+    the rounding of the two sums a^T K a (~n u)."""
     monkeypatch.setattr(solver_module, "BULK_POLISH_ROUNDS", 0)
+    X, sigma = _collinear(150, 0)
+    C = 1.0 / (0.01 * 150)
+    s = IncrementalSVDD(C, sigma)
+    s.extend(X)
+    assert s.n_active_set_builds == 1 and s.n_bulk_builds == 1 and s.n_bulk_fallbacks == 0
+    assert s.kkt_residual() <= KKT_EXACT
+    walked = _walked(C, sigma, X, monkeypatch)
+    assert walked.kkt_residual() <= KKT_EXACT
+    tol = 2.0 * (s.kkt_residual() + walked.kkt_residual()) + 150 * np.finfo(float).eps
+    assert abs(_objective(s) - _objective(walked)) <= tol
+
+
+def test_a_landing_past_its_event_limit_is_solved_by_the_active_set(monkeypatch):
+    """A landing whose walk passes its event limit (here 0: every landing that must walk at
+    all) is not replayed key by key: the active-set method solves the batch from the SMO
+    iterate, and the result is the walk's optimum (objectives within the bound above)."""
+    monkeypatch.setattr(solver_module, "BULK_LANDING_EVENTS_PER_KEY", 0)
+    monkeypatch.setattr(solver_module, "BULK_LANDING_MIN_EVENTS", 0)
+    X = np.random.default_rng(7).standard_normal((120, 4))
+    s = IncrementalSVDD(0.02, 1.2)
+    s.extend(X)
+    assert s.n_active_set_builds == 1 and s.n_bulk_builds == 1 and s.n_bulk_fallbacks == 0
+    assert s.kkt_residual() <= KKT_EXACT
+    walked = _walked(0.02, 1.2, X, monkeypatch)
+    tol = 2.0 * (s.kkt_residual() + walked.kkt_residual()) + 120 * np.finfo(float).eps
+    assert abs(_objective(s) - _objective(walked)) <= tol
+    s.remove(int(s.margin_ids[0]))  # the installed state is a state like any other
+    s.add(X[0] + 0.1)
+    assert s.kkt_residual() <= KKT_EXACT
+
+
+def test_without_the_polish_and_the_active_set_the_build_falls_back_and_says_why(monkeypatch):
+    """With the polish and the active-set method switched off: the replay's fallback is
+    counted and named."""
+    monkeypatch.setattr(solver_module, "BULK_POLISH_ROUNDS", 0)
+    monkeypatch.setattr(solver_module.AS, "active_set", _no_active_set)
     X, sigma = _collinear(150, 0)
     s = IncrementalSVDD(1.0 / (0.01 * 150), sigma)
     with pytest.warns(BulkFallbackWarning, match="bulk build of 150 keys was not accepted"):
@@ -66,7 +117,27 @@ def test_without_the_polish_the_same_build_falls_back_and_says_why(monkeypatch):
     assert s.n_bulk_builds == 0 and s.n_bulk_fallbacks == 1
     assert "above BULK_KKT_TOL" in s.bulk_fallback_reason
     assert "iteration limit" in s.bulk_fallback_reason
+    assert "the active-set fallback did not converge" in s.bulk_fallback_reason
     assert s.kkt_residual() <= KKT_EXACT
+
+
+def test_dense_collinear_keys_build_exactly():
+    """500 collinear keys in R^2 (sigma = 0.1 x median distance, nu = 0.01): the bulk landing
+    did not certify and the key-by-key replay's 177th admission ran past the event limit, so
+    the build was refused (its walk's inverse falls apart on these keys; docs/exact_solver.md,
+    "Limits"). Now it is built, and the fresh KKT residual certifies the optimum; deletions
+    and admissions on it are not refused either."""
+    X, sigma = _collinear(500, 0)
+    s = IncrementalSVDD.from_nu(0.01, 500, sigma)
+    ids = s.extend(X)
+    assert len(s) == 500 and s.certified and s.kkt_residual() <= KKT_EXACT
+    rng = np.random.default_rng(1)
+    for victim in rng.choice(ids, 5, replace=False):
+        s.remove(int(victim))
+        t = rng.uniform(0.0, 1.0)
+        s.add([t, 2.0 * t + 0.5])
+        assert s.kkt_residual() <= KKT_EXACT
+    assert len(s) == 500
 
 
 def test_a_rejected_landing_is_counted_and_named(monkeypatch):

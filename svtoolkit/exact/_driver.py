@@ -61,6 +61,7 @@ class WalkDriver:
         self._sigma = sigma
         self.max_events = None  # None: 50 n + 1000 events per walk
         self._rebuilding = False
+        self._event_budget = None  # events the rest state may take in all (a bulk landing's)
         self._d = None
         self._next_id = 0
         self._slot_of = {}
@@ -283,14 +284,30 @@ class WalkDriver:
     def _settle(self, polish_allowed=True):
         """Bring the state to rest in canonical form (see ``_rest.settle``), polishing when it
         asks, at most ``SETTLE_POLISHES`` times; a caller that has just factorised the inverse
-        and evaluated every gradient passes polish_allowed=False (it counts as one polish)."""
+        and evaluated every gradient passes polish_allowed=False (it counts as one polish).
+
+        With ``_event_budget`` set (a bulk landing's rest state) the events of the whole rest
+        state are bounded: each kernel call relaxes at most one violator and every walk in it
+        may take only what is left of the budget, so the rest state takes at most about twice
+        the budget; SolverFailure when it is spent."""
         limit, repairs = self._event_limit(), 10 * self._n + 10
+        deadline = None
+        if self._event_budget is not None:
+            deadline, repairs = self._ist[W._EVENTS] + self._event_budget, 1
         polishes = 0 if polish_allowed else 1
         while True:
+            if deadline is not None:
+                limit = int(deadline - self._ist[W._EVENTS])
+                if limit <= 0:
+                    self._ist[W._CUR_C] = -1
+                    raise SolverFailure(f"the rest state took more than its budget of "
+                                        f"{self._event_budget} events")
             code = settle(*self._arrays(), limit, repairs, polishes < W.SETTLE_POLISHES)
             if code == W.NEED_POLISH:
                 self._polish()
                 polishes += 1
+            elif code == W.TOO_MANY_EVENTS and deadline is not None:
+                continue  # one relaxation done (or the budget spent): the next, or fail
             elif not self._check(code):
                 break
         if polishes >= W.SETTLE_POLISHES:

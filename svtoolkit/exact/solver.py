@@ -18,6 +18,7 @@ import numpy as np
 
 from .._validation import (as_key, as_keys, check_int, check_positive, check_sigma,
                            largest_violation)
+from . import _active_set as AS
 from . import _consistency as CS
 from . import _landing as L
 from . import _walk as W
@@ -42,6 +43,18 @@ BULK_KKT_TOL = 1e-12
 #: Measured: landings rejected at 9e-11 (150 collinear keys) and 3.7e-12 (2,048 heavy-tailed
 #: keys) came from maintained gradients that had drifted from a fresh evaluation.
 BULK_POLISH_ROUNDS = 2
+#: A landing on the Gram matrix whose rest state is not accepted - or takes more than
+#: BULK_LANDING_EVENTS_PER_KEY events per key plus BULK_LANDING_MIN_EVENTS in all (dense keys
+#: in one or two dimensions at a small sigma: there the walk's inverse falls apart and its
+#: walks need not end; ``WalkDriver._settle`` bounds them) - is solved by the primal
+#: active-set method of ``svtoolkit.exact._active_set`` from the SMO iterate, in at most
+#: ACTIVE_SET_ITERATIONS_PER_KEY iterations per key plus BULK_LANDING_MIN_EVENTS. Measured
+#: (2-core Intel Xeon): a well-posed landing's rest state takes 10 events at n = 2,000; 500
+#: collinear keys take 418 active-set iterations (0.8 s), 3,000 2-D Gaussian keys 465 (O(m^3)
+#: each at |S| = 1,444).
+BULK_LANDING_EVENTS_PER_KEY = 0.5
+BULK_LANDING_MIN_EVENTS = 1000
+ACTIVE_SET_ITERATIONS_PER_KEY = 4
 #: :meth:`IncrementalSVDD.remove_many` solves the retained keys afresh by the bulk build when
 #: the batch is at least BULK_REMOVE_FRACTION of the keys held and the margin set at least
 #: BULK_REMOVE_MARGIN_SHARE of them: a decrement of a support key costs O(m^2) per event, so
@@ -108,6 +121,9 @@ class IncrementalSVDD(WalkDriver):
     n_admission_fallbacks : int
         Admissions (``add``, ``extend``) whose exact walk failed and that were taken by a
         fresh bulk solve of every key instead (see :meth:`extend`).
+    n_active_set_builds : int
+        Bulk builds whose landing was not accepted and that the primal active-set method
+        solved instead (``svtoolkit.exact._active_set``; see :meth:`extend`).
 
     Notes
     -----
@@ -149,6 +165,7 @@ class IncrementalSVDD(WalkDriver):
         self.n_bulk_builds = 0
         self.n_bulk_fallbacks = 0
         self.n_admission_fallbacks = 0
+        self.n_active_set_builds = 0
         self.bulk_fallback_reason = None
 
     @classmethod
@@ -270,7 +287,10 @@ class IncrementalSVDD(WalkDriver):
         relaxation of sign violators, correction walk), which ends on the exact optimum.
         Accepted only if the KKT residual from a fresh evaluation of the keys is at most
         BULK_KKT_TOL; a landing above it is first polished (:meth:`_polish_landing`, up to
-        BULK_POLISH_ROUNDS times). One still not accepted is counted in ``n_bulk_fallbacks``,
+        BULK_POLISH_ROUNDS times). On the Gram matrix each of the landing's rest states may
+        take BULK_LANDING_EVENTS_PER_KEY events per key plus BULK_LANDING_MIN_EVENTS (about;
+        ``WalkDriver._settle``), and a landing that is not accepted is solved by the primal active-set method from the SMO iterate
+        (:meth:`_land_active_set`). One still not accepted is counted in ``n_bulk_fallbacks``,
         ``bulk_fallback_reason`` names why, and a :class:`BulkFallbackWarning` says so (the
         batch is then replayed key by key, which can take far longer).
         """
@@ -278,9 +298,13 @@ class IncrementalSVDD(WalkDriver):
         min_keys = BULK_MIN_KEYS if min_keys is None else min_keys
         if n < min_keys or not self._feasible(n) or self.max_events is not None:
             return False
+        smo = None
         try:
             if n <= BULK_MAX_KEYS:
-                converged = self._land_bulk(X, ids)
+                self._event_budget = int(BULK_LANDING_EVENTS_PER_KEY * n) + BULK_LANDING_MIN_EVENTS
+                self._place_keys(X, ids)
+                smo = L.smo_on_gram(self._Xt, n, self._fs[W._INV_SIGMA2], self._C)
+                converged = self._land_bulk(ids, smo[0], smo[1].copy(), smo[2])
                 kkt = self.kkt_residual()
             else:
                 converged, kkt = True, self._land_bulk_cached(X, ids)
@@ -294,6 +318,10 @@ class IncrementalSVDD(WalkDriver):
                 reason += " (the SMO stopped at its iteration limit)"
         except (SolverFailure, np.linalg.LinAlgError) as exc:  # e.g. a singular polish
             reason = f"the landing failed: {exc}"
+        finally:
+            self._event_budget = None
+        if reason is not None and smo is not None:
+            reason = self._land_active_set(X, ids, smo[0], smo[1], reason)
         if reason is None:
             self._next_id = int(ids[-1]) + 1
             self.n_bulk_builds += 1
@@ -319,16 +347,56 @@ class IncrementalSVDD(WalkDriver):
         self._ids[:n] = ids
         self._ist[W._N] = n
 
-    def _land_bulk(self, X, ids):
-        """The bulk landing with the n x n shifted Gram matrix (O(n^2) memory); True when the
-        SMO met its tolerance (the landing proceeds from its last iterate either way)."""
-        n = len(X)
-        self._place_keys(X, ids)
-        Kp, a, converged = L.smo_on_gram(self._Xt, n, self._fs[W._INV_SIGMA2], self._C)
+    def _land_bulk(self, ids, Kp, a, converged):
+        """The bulk landing from ``_landing.smo_on_gram``'s shifted Gram matrix ``Kp`` and
+        iterate ``a`` (changed in place), the keys placed; returns ``converged`` (the landing
+        proceeds from the SMO's last iterate either way)."""
         order = self._snap_partition(a)
         factorised = self._margin_from_rows(Kp[order], order, a)
         self._rest_from_field(a, 2.0 * (Kp @ a), ids, factorised)
         return converged
+
+    def _land_active_set(self, X, ids, Kp, a, reason):
+        """The last resort of a Gram-matrix landing that was not accepted (``reason`` says
+        why): the primal active-set method (``_active_set.active_set``) from the SMO iterate
+        ``a``, installed as the state - its free keys the margin set, the inverse factorised
+        afresh, every gradient from the keys, at rest - and accepted at BULK_KKT_TOL like any
+        landing. Returns None when accepted, else ``reason`` extended."""
+        n, C = len(X), self._C
+        a = a.copy()
+        free, rho_shifted, converged = AS.active_set(
+            Kp, C, a, W.REPAIR_MIN_TOL * max(C, 1.0),
+            ACTIVE_SET_ITERATIONS_PER_KEY * n + BULK_LANDING_MIN_EVENTS)
+        if not converged:
+            return reason + "; the active-set fallback did not converge"
+        self._reset()
+        self._place_keys(X, ids)
+        order = np.flatnonzero(free)
+        m = len(order)
+        while self._S.shape[0] <= m + 1:
+            self._grow_margin()
+        self._alpha[:n] = a
+        self._status[:n] = np.where(free, W.MARGIN, np.where(a == 0.0, W.RESERVE, W.ERROR))
+        self._S[:m] = order
+        self._spos[order] = np.arange(m)
+        self._KSt[:m, :n] = Kp[order]
+        self._ist[W._M] = m
+        self._fs[W._RHO] = rho_shifted
+        try:
+            if m > 0:
+                self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+                self._calibrate_probe()
+        except np.linalg.LinAlgError as exc:
+            return reason + f"; the active-set state's margin matrix is singular: {exc}"
+        self._grad[:n] = self._fresh_gradients()
+        self._ist[W._SETTLED] = self._ist[W._EVENTS]
+        self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
+        self._order_cache = None
+        kkt = self.kkt_residual()
+        if kkt > BULK_KKT_TOL:
+            return reason + f"; the active-set fallback ended at a KKT residual of {kkt:.2g}"
+        self.n_active_set_builds += 1
+        return None
 
     def _land_bulk_cached(self, X, ids):
         """The Gram-free bulk landing (``_landing.smo_gram_free``); returns the KKT residual
@@ -395,7 +463,10 @@ class IncrementalSVDD(WalkDriver):
         The batch is validated as a whole first. Into an empty solver, a batch of at least
         BULK_MIN_KEYS keys with n C >= 1 is solved by the bulk path instead (SMO and an exact
         landing, Gram-free above BULK_MAX_KEYS keys; docs/exact_solver.md), accepted only
-        with a fresh KKT residual of at most BULK_KKT_TOL, else replayed by the walk. If an
+        with a fresh KKT residual of at most BULK_KKT_TOL; a landing on the Gram matrix that
+        is not accepted is solved by a primal active-set method instead
+        (``n_active_set_builds``), and only what that does not certify is replayed by the
+        walk. If an
         exact walk fails part-way, the keys held and the whole batch are solved afresh by the
         bulk path at any size, ids kept, and taken at the same certificate
         (``n_admission_fallbacks`` counts these); only if that does not apply (n C < 1, a
@@ -843,6 +914,18 @@ class IncrementalSVDD(WalkDriver):
         return Consistency(kkt_residual=self._kkt_from(fresh), grad_drift=drift,
                            inverse_residual=inv_res, margin_rows_drift=rows_drift,
                            rho_offset=self._rho_offset(fresh)[1])
+
+    def fresh_inverse_residual(self):
+        """``||R M - I||_max`` of a freshly factorised inverse R of the current bordered margin
+        matrix M (O(m^3)): the floor that the maintained inverse's residual
+        (:meth:`consistency`'s ``inverse_residual``) can be judged against. About u cond(M);
+        above 1e-6 only on a numerically singular margin set (an active-set build,
+        ``n_active_set_builds``). 0.0 with an empty margin set."""
+        m = self._m
+        if m == 0:
+            return 0.0
+        M = self._bordered()
+        return largest_violation(np.abs(np.linalg.inv(M) @ M - np.eye(m + 1)).ravel())
 
     def audit(self):
         """Check the maintained state against a fresh evaluation; refactorise on drift.

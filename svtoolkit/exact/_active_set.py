@@ -1,0 +1,129 @@
+"""The bulk build's last resort: a primal active-set method on fresh least-squares solves.
+
+The walk keeps an explicit inverse of the bordered margin matrix up to date by rank-one
+updates. Where the margin keys sample a smooth curve or surface densely (keys in one or two
+dimensions at a small sigma) that matrix is numerically singular and its updated inverse falls
+apart (docs/exact_solver.md, "Limits"). The method here needs no inverse to stay accurate: every
+iteration solves the equality-constrained problem of its free set afresh - by LU where that is
+backward stable, else by a minimum-norm least-squares solve (an SVD, stable whatever the
+conditioning) - and moves towards it
+as far as the box allows (the classical primal active-set method; Nocedal & Wright, *Numerical
+Optimization*, 2nd ed., Algorithm 16.3). The objective never increases, so the method ends;
+each iteration costs O(m^3) for m free keys, which is why it is the last resort and not the
+rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Singular values of the bordered matrix below this times the largest are its rounding and are
+#: dropped by the least-squares solve: an SVD determines singular values to about u times the
+#: largest (u the unit roundoff), so below that they carry no information about the matrix.
+ACTIVE_SET_RCOND = float(np.finfo(np.float64).eps)
+_U = ACTIVE_SET_RCOND / 2.0  # the unit roundoff
+
+
+def equality_solution(Kp, a, free):
+    """The minimiser of a^T K' a over the free keys, the others held where ``a`` has them.
+
+    Solves the bordered system ``M x = r``, ``M = [[0, 1^T], [1, 2 K'_FF]]``,
+    ``x = [rho'; a_F]``, ``r = [1 - sum a_W; -2 K'_FW a_W]``: by an LU factorisation when
+    that is backward stable (residual within (m + 1) u (||M|| ||x|| + ||r||), max norms) and
+    every coefficient is in [-1, 1] - a feasible point has no coefficient outside, so a
+    solution outside is either far from the box (the step is blocked either way) or the
+    null-space noise of a numerically singular system - and otherwise by the minimum-norm
+    least-squares solve (an SVD; singular values below ``ACTIVE_SET_RCOND`` times the
+    largest dropped). Measured on 3,000 2-D Gaussian keys: 364 iterations at up to 1,607
+    free keys, every one by LU, in 48 s (465 by SVD alone: 303 s); on 500 collinear keys
+    153 of 339 needed the SVD.
+
+    Parameters
+    ----------
+    Kp : ndarray of shape (n, n)
+        The shifted Gram matrix K' = K - 1.
+    a : ndarray of shape (n,)
+        Feasible coefficients (sum 1, within [0, C]).
+    free : ndarray of bool, shape (n,)
+
+    Returns
+    -------
+    a_free : ndarray of shape (m,)
+        The free keys' coefficients at the minimiser (may lie outside the box).
+    rho_shifted : float
+        rho' = rho + 1, the multiplier of sum(a) = 1 in the shifted convention.
+    """
+    F, W = np.flatnonzero(free), np.flatnonzero(~free)
+    m = len(F)
+    M = np.zeros((m + 1, m + 1))
+    M[0, 1:] = 1.0
+    M[1:, 0] = 1.0
+    M[1:, 1:] = 2.0 * Kp[np.ix_(F, F)]
+    rhs = np.empty(m + 1)
+    rhs[0] = 1.0 - a[W].sum()
+    rhs[1:] = -2.0 * (Kp[np.ix_(F, W)] @ a[W])
+    try:
+        x = np.linalg.solve(M, rhs)
+    except np.linalg.LinAlgError:  # exactly singular
+        x = None
+    if x is not None and np.all(np.abs(x[1:]) <= 1.0):
+        bound = (m + 1) * _U * (np.abs(M).sum(1).max() * np.abs(x).max() + np.abs(rhs).max())
+        if np.abs(M @ x - rhs).max() <= bound:
+            return x[1:], float(x[0])
+    x = np.linalg.lstsq(M, rhs, rcond=ACTIVE_SET_RCOND)[0]  # LAPACK gelsd: an SVD
+    return x[1:], float(x[0])
+
+
+def active_set(Kp, C, a, violation_tol, max_iter):
+    """Minimise a^T K' a over sum(a) = 1, 0 <= a <= C from feasible ``a`` (updated in place).
+
+    Keys strictly inside the box are free, the others held at their bound. Each iteration
+    solves the free keys' equality problem (:func:`equality_solution`) and steps towards its
+    solution until a free coefficient meets a bound, which then holds it; after a full step
+    the held key whose gradient has the wrong sign by most (more than ``violation_tol``) is
+    freed; with none, the state is optimal.
+
+    Parameters
+    ----------
+    Kp : ndarray of shape (n, n)
+        The shifted Gram matrix.
+    C : float
+    a : ndarray of shape (n,)
+        Feasible start (the bulk build's SMO iterate); holds the result.
+    violation_tol : float
+        Sign violations of held keys at or below this are rounding (units of f).
+    max_iter : int
+
+    Returns
+    -------
+    free : ndarray of bool, shape (n,)
+        The free keys at the end (the margin set).
+    rho_shifted : float
+        rho' of the last equality solve.
+    converged : bool
+        False when ``max_iter`` iterations were not enough.
+    """
+    free = (a > 0.0) & (a < C)
+    for _ in range(max_iter):
+        a_free, rho_shifted = equality_solution(Kp, a, free)
+        F = np.flatnonzero(free)
+        step = a_free - a[F]
+        # the longest step in [0, 1] that keeps every free coefficient in the box
+        with np.errstate(divide="ignore", invalid="ignore"):
+            room = np.where(step < 0.0, -a[F] / step,
+                            np.where(step > 0.0, (C - a[F]) / step, np.inf))
+        j = int(np.argmin(room)) if len(F) else -1
+        if j >= 0 and room[j] < 1.0:
+            a[F] += room[j] * step
+            k = F[j]
+            a[k] = 0.0 if step[j] < 0.0 else C
+            free[k] = False
+            continue
+        a[F] = a_free
+        grad = 2.0 * (Kp @ a) + rho_shifted
+        wrong = np.where(~free & (a == 0.0), -grad, np.where(~free, grad, 0.0))
+        k = int(np.argmax(wrong))
+        if wrong[k] <= violation_tol:
+            return free, rho_shifted, True
+        free[k] = True
+    return free, rho_shifted, False
