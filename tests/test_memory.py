@@ -779,6 +779,27 @@ def test_tampered_solver_arrays_are_refused(request, name, figure, store):
     ForgettableMemory.load(path, check_kkt=False)  # structurally sound: only the numbers lie
 
 
+def test_a_store_on_dense_collinear_keys_saves_loads_and_forgets(tmp_path):
+    """500 collinear keys (sigma = 0.1 x the median distance, nu = 0.01): the build is an
+    active-set build whose margin set is numerically singular, so even a fresh inverse of it
+    is ~1e-2 off (above the load's 1e-6). The load used to refuse the saved store as
+    corrupted; it now accepts an inverse within INVERSE_FLOOR_FACTOR of a fresh one's
+    residual - and still refuses a nudged one (the test above)."""
+    t = np.random.default_rng(0).uniform(0.0, 1.0, 500)
+    X = np.c_[t, 2.0 * t + 0.5]
+    d = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))[np.triu_indices(500, 1)]
+    mem = ForgettableMemory(sigma=0.1 * float(np.median(d)), nu=0.01, n0=500)
+    mem.extend(X, [f"v{i}" for i in range(500)], record_ids=[f"r{i}" for i in range(500)])
+    path = tmp_path / "m.svtk"
+    mem.save(path)
+    loaded = ForgettableMemory.load(path, verify="full")
+    assert loaded.state_digest() == mem.state_digest()
+    receipt = loaded.forget(loaded.partition()["margin"][0])
+    assert receipt.kkt_residual <= KKT_TOL
+    loaded.save(path)
+    assert len(ForgettableMemory.load(path, verify="full")) == 499
+
+
 def test_margin_rows_are_recomputed_bit_for_bit_at_load(tmp_path):
     """What replaces the stored margin kernel rows (and margin positions): a load recomputes
     them with the bits of the saved memory's maintained ones, after full and incremental

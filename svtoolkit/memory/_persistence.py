@@ -137,7 +137,7 @@ def from_contents(cls, contents, key, verify, fresh_limit):
             else "full"
     if verify == "full":
         found = solver.consistency()
-        _format.check_solver_numbers(found)
+        _format.check_solver_numbers(found, solver.fresh_inverse_residual)
         mem._kkt = (float(found.kkt_residual), "fresh")
     elif verify == "maintained":
         mem._kkt = (maintained_kkt(solver), "maintained")
