@@ -289,8 +289,9 @@ class IncrementalSVDD(WalkDriver):
         BULK_KKT_TOL; a landing above it is first polished (:meth:`_polish_landing`, up to
         BULK_POLISH_ROUNDS times). On the Gram matrix each of the landing's rest states may
         take BULK_LANDING_EVENTS_PER_KEY events per key plus BULK_LANDING_MIN_EVENTS (about;
-        ``WalkDriver._settle``), and a landing that is not accepted is solved by the primal active-set method from the SMO iterate
-        (:meth:`_land_active_set`). One still not accepted is counted in ``n_bulk_fallbacks``,
+        ``WalkDriver._settle``), and a landing that is not accepted is solved by the primal
+        active-set method from the SMO iterate (:meth:`_land_active_set`). One still not
+        accepted is counted in ``n_bulk_fallbacks``,
         ``bulk_fallback_reason`` names why, and a :class:`BulkFallbackWarning` says so (the
         batch is then replayed key by key, which can take far longer).
         """
@@ -371,12 +372,13 @@ class IncrementalSVDD(WalkDriver):
             return reason + "; the active-set fallback did not converge"
         self._reset()
         self._place_keys(X, ids)
-        order = np.flatnonzero(free)
+        order = np.flatnonzero(free & (a > 0.0) & (a < C))  # a free key on a bound is held
         m = len(order)
         while self._S.shape[0] <= m + 1:
             self._grow_margin()
         self._alpha[:n] = a
-        self._status[:n] = np.where(free, W.MARGIN, np.where(a == 0.0, W.RESERVE, W.ERROR))
+        self._status[:n] = np.where(a == 0.0, W.RESERVE, W.ERROR)
+        self._status[order] = W.MARGIN
         self._S[:m] = order
         self._spos[order] = np.arange(m)
         self._KSt[:m, :n] = Kp[order]
@@ -466,9 +468,8 @@ class IncrementalSVDD(WalkDriver):
         with a fresh KKT residual of at most BULK_KKT_TOL; a landing on the Gram matrix that
         is not accepted is solved by a primal active-set method instead
         (``n_active_set_builds``), and only what that does not certify is replayed by the
-        walk. If an
-        exact walk fails part-way, the keys held and the whole batch are solved afresh by the
-        bulk path at any size, ids kept, and taken at the same certificate
+        walk. If an exact walk fails part-way, the keys held and the whole batch are solved
+        afresh by the bulk path at any size, ids kept, and taken at the same certificate
         (``n_admission_fallbacks`` counts these); only if that does not apply (n C < 1, a
         user's ``max_events``) or is not accepted is the batch refused: the solver then holds
         the state it had before the call (its coefficients, gradients, rho and partition to
