@@ -125,18 +125,22 @@ def test_dense_collinear_keys_build_exactly():
     """500 collinear keys in R^2 (sigma = 0.1 x median distance, nu = 0.01): the bulk landing
     did not certify and the key-by-key replay's 177th admission ran past the event limit, so
     the build was refused (its walk's inverse falls apart on these keys; docs/exact_solver.md,
-    "Limits"). Now it is built, and the fresh KKT residual certifies the optimum; deletions
-    and admissions on it are not refused either."""
+    "Limits"). Now it is built, and the fresh KKT residual certifies the optimum. Deletions
+    and admissions on it are not refused either; they walk on the inverse of a numerically
+    singular margin set, so what holds after them is the rest check's bound (a state past it
+    is solved afresh), not the build's certificate (8.4e-12 seen under
+    ``OPENBLAS_CORETYPE=Haswell``)."""
     X, sigma = _collinear(500, 0)
     s = IncrementalSVDD.from_nu(0.01, 500, sigma)
     ids = s.extend(X)
     assert len(s) == 500 and s.certified and s.kkt_residual() <= KKT_EXACT
+    limit = W.REST_CHECK_FACTOR * W.REPAIR_FACTOR * max(s.C, 1.0) * W.KAPPA_TOL
     rng = np.random.default_rng(1)
     for victim in rng.choice(ids, 5, replace=False):
         s.remove(int(victim))
         t = rng.uniform(0.0, 1.0)
         s.add([t, 2.0 * t + 0.5])
-        assert s.kkt_residual() <= KKT_EXACT
+        assert s.kkt_residual() <= limit
     assert len(s) == 500
 
 
@@ -163,10 +167,11 @@ def test_a_degenerate_vertex_does_not_cycle_and_refreshes_stop_at_the_inverses_f
     With the ban on rejoining while a_c stands still and the refresh threshold that learns the
     inverse's floor it is exact (93 s measured, a cold compile included).
 
-    Known to depend on the BLAS kernel: under ``OPENBLAS_CORETYPE=Sandybridge`` the build
-    still stalls (not returned after 14 and 20 minutes, against 76 s on the default kernel;
-    other last bits lead the walk into the nearly singular regime that seed 1 meets on every
-    kernel)."""
+    Whether the walk finishes depended on the BLAS kernel: under
+    ``OPENBLAS_CORETYPE=Sandybridge``, and on an Intel Xeon's default kernel, the landing
+    still ran on (not returned after 14 and 20 minutes, and 570 s). The landing's rest state
+    now has an event budget, past which the active-set method solves the build (163 s on
+    that Intel Xeon), so it ends on every kernel."""
     rng = np.random.default_rng(0)
     X = rng.standard_normal((3000, 2))
     sample = X[rng.choice(3000, 2000, replace=False)]

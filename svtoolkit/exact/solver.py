@@ -50,8 +50,8 @@ BULK_POLISH_ROUNDS = 2
 #: active-set method of ``svtoolkit.exact._active_set`` from the SMO iterate, in at most
 #: ACTIVE_SET_ITERATIONS_PER_KEY iterations per key plus BULK_LANDING_MIN_EVENTS. Measured
 #: (2-core Intel Xeon): a well-posed landing's rest state takes 10 events at n = 2,000; 500
-#: collinear keys take 418 active-set iterations (0.8 s), 3,000 2-D Gaussian keys 465 (O(m^3)
-#: each at |S| = 1,444).
+#: collinear keys take 310 active-set iterations (the build 1.1 s), 3,000 2-D Gaussian keys
+#: 334 (O(m^3) each, up to 1,609 free keys; the build 163 s, the landing's budget included).
 BULK_LANDING_EVENTS_PER_KEY = 0.5
 BULK_LANDING_MIN_EVENTS = 1000
 ACTIVE_SET_ITERATIONS_PER_KEY = 4
