@@ -3,14 +3,13 @@
 The walk keeps an explicit inverse of the bordered margin matrix up to date by rank-one
 updates. Where the margin keys sample a smooth curve or surface densely (keys in one or two
 dimensions at a small sigma) that matrix is numerically singular and its updated inverse falls
-apart (docs/exact_solver.md, "Limits"). The method here needs no inverse to stay accurate: every
-iteration solves the equality-constrained problem of its free set afresh - by LU where that is
-backward stable, else by a minimum-norm least-squares solve (an SVD, stable whatever the
-conditioning) - and moves towards it
-as far as the box allows (the classical primal active-set method; Nocedal & Wright, *Numerical
-Optimization*, 2nd ed., Algorithm 16.3). The objective never increases, so the method ends;
-each iteration costs O(m^3) for m free keys, which is why it is the last resort and not the
-rule.
+apart (docs/exact_solver.md, "Limits"). The method here needs no inverse to stay accurate:
+every iteration solves the equality-constrained problem of its free set afresh - by LU where
+that is backward stable, else by a minimum-norm least-squares solve (an SVD, stable whatever
+the conditioning) - and moves towards it as far as the box allows (the classical primal
+active-set method; Nocedal & Wright, *Numerical Optimization*, 2nd ed., Algorithm 16.3). The
+objective never increases; the caller caps the iterations. Each costs O(m^3) for m free keys,
+which is why it is the last resort and not the rule.
 """
 
 from __future__ import annotations
@@ -34,9 +33,9 @@ def equality_solution(Kp, a, free):
     solution outside is either far from the box (the step is blocked either way) or the
     null-space noise of a numerically singular system - and otherwise by the minimum-norm
     least-squares solve (an SVD; singular values below ``ACTIVE_SET_RCOND`` times the
-    largest dropped). Measured on 3,000 2-D Gaussian keys: 364 iterations at up to 1,607
-    free keys, every one by LU, in 48 s (465 by SVD alone: 303 s); on 500 collinear keys
-    153 of 339 needed the SVD.
+    largest dropped). Measured in bulk builds: 3,000 2-D Gaussian keys, 334 iterations at up
+    to 1,609 free keys, every one by LU (a version that always took the SVD needed 465
+    iterations and 303 s); 500 collinear keys, 154 of 310 by the SVD.
 
     Parameters
     ----------

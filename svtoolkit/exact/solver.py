@@ -370,9 +370,11 @@ class IncrementalSVDD(WalkDriver):
             ACTIVE_SET_ITERATIONS_PER_KEY * n + BULK_LANDING_MIN_EVENTS)
         if not converged:
             return reason + "; the active-set fallback did not converge"
+        inside = (a > 0.0) & (a < C)
+        a[free & ~inside] = np.where(a[free & ~inside] <= 0.0, 0.0, C)  # ended on a bound: held
         self._reset()
         self._place_keys(X, ids)
-        order = np.flatnonzero(free & (a > 0.0) & (a < C))  # a free key on a bound is held
+        order = np.flatnonzero(free & inside)
         m = len(order)
         while self._S.shape[0] <= m + 1:
             self._grow_margin()
