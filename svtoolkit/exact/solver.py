@@ -72,6 +72,11 @@ AUDIT_GRAD_TOL = 1e-10
 AUDIT_INVERSE_TOL = 1e-8
 
 
+def _inverse_residual(R, M):
+    """||R M - I||_max (NaN-aware: ``largest_violation``)."""
+    return largest_violation(np.abs(R @ M - np.eye(M.shape[0])).ravel())
+
+
 @dataclass(frozen=True)
 class MarginSystem:
     """Read-only view of the maintained bordered KKT system (see
@@ -305,7 +310,8 @@ class IncrementalSVDD(WalkDriver):
                 self._event_budget = int(BULK_LANDING_EVENTS_PER_KEY * n) + BULK_LANDING_MIN_EVENTS
                 self._place_keys(X, ids)
                 smo = L.smo_on_gram(self._Xt, n, self._fs[W._INV_SIGMA2], self._C)
-                converged = self._land_bulk(ids, smo[0], smo[1].copy(), smo[2])
+                Kp, a_smo, converged = smo
+                self._land_bulk(ids, Kp, a_smo.copy())
                 kkt = self.kkt_residual()
             else:
                 converged, kkt = True, self._land_bulk_cached(X, ids)
@@ -322,7 +328,7 @@ class IncrementalSVDD(WalkDriver):
         finally:
             self._event_budget = None
         if reason is not None and smo is not None:
-            reason = self._land_active_set(X, ids, smo[0], smo[1], reason)
+            reason = self._land_active_set(X, ids, *smo[:2], reason)
         if reason is None:
             self._next_id = int(ids[-1]) + 1
             self.n_bulk_builds += 1
@@ -348,14 +354,13 @@ class IncrementalSVDD(WalkDriver):
         self._ids[:n] = ids
         self._ist[W._N] = n
 
-    def _land_bulk(self, ids, Kp, a, converged):
+    def _land_bulk(self, ids, Kp, a):
         """The bulk landing from ``_landing.smo_on_gram``'s shifted Gram matrix ``Kp`` and
-        iterate ``a`` (changed in place), the keys placed; returns ``converged`` (the landing
-        proceeds from the SMO's last iterate either way)."""
+        iterate ``a`` (changed in place), the keys placed; it proceeds from the SMO's last
+        iterate whether or not the SMO met its tolerance."""
         order = self._snap_partition(a)
         factorised = self._margin_from_rows(Kp[order], order, a)
         self._rest_from_field(a, 2.0 * (Kp @ a), ids, factorised)
-        return converged
 
     def _land_active_set(self, X, ids, Kp, a, reason):
         """The last resort of a Gram-matrix landing that was not accepted (``reason`` says
@@ -387,13 +392,10 @@ class IncrementalSVDD(WalkDriver):
         self._ist[W._M] = m
         self._fs[W._RHO] = rho_shifted
         try:
-            if m > 0:
-                self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
-                self._calibrate_probe()
+            self._polish()  # the inverse factorised, every gradient from the keys
         except np.linalg.LinAlgError as exc:
             return reason + f"; the active-set state's margin matrix is singular: {exc}"
-        self._grad[:n] = self._fresh_gradients()
-        self._ist[W._SETTLED] = self._ist[W._EVENTS]
+        self._ist[W._SETTLED] = self._ist[W._EVENTS]  # at rest: nothing left to settle
         self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
         self._order_cache = None
         kkt = self.kkt_residual()
@@ -909,8 +911,7 @@ class IncrementalSVDD(WalkDriver):
         drift = largest_violation(np.abs(self._grad[:n] - fresh))
         inv_res = rows_drift = 0.0
         if m > 0:
-            inv_res = largest_violation(
-                np.abs(self._R[: m + 1, : m + 1] @ self._bordered() - np.eye(m + 1)).ravel())
+            inv_res = _inverse_residual(self._R[: m + 1, : m + 1], self._bordered())
             if margin_rows:
                 rows_drift = CS.margin_rows_drift(self._Xt, n, self._S, self._KSt, m,
                                                   self._anchor, self._fs[W._INV_SIGMA2])
@@ -928,7 +929,7 @@ class IncrementalSVDD(WalkDriver):
         if m == 0:
             return 0.0
         M = self._bordered()
-        return largest_violation(np.abs(np.linalg.inv(M) @ M - np.eye(m + 1)).ravel())
+        return _inverse_residual(np.linalg.inv(M), M)
 
     def audit(self):
         """Check the maintained state against a fresh evaluation; refactorise on drift.
