@@ -64,14 +64,16 @@ keys, warm); save and load of a 10,000-record memory in under a second.
      the same answer (float32);
    * ``direct (previous query)`` - what the store's query did before the expansion: every
      squared distance from the differences, a sort of every supporting record;
-   * ``store nearest`` - the store's scan alone (``RecordTable.nearest``: expansion, bound,
-     exact re-score), without the lock, validation and the decoding of values.
+   * ``store nearest`` - the store's scan alone (``RecordTable.nearest``: the product, then
+     the compiled expansion, bound, exact re-score and weights), without the lock,
+     validation and the decoding of values.
 
    Warm (each variant runs the queries once before timing), one thread per pool (the script
    sets ``OMP_NUM_THREADS`` etc. to 1 before NumPy loads unless they are set), medians of
-   ``--rounds`` rounds (each round times every query once per variant, interleaved) with the
-   min and max of the round medians; the load average before and after is recorded (the
-   machine is shared). The answers are checked: the store's ids, order and similarities
+   ``--rounds`` rounds (each round times every query once per variant, interleaved, the
+   variants' order rotated from one query to the next so that none always runs after the
+   same one) with the min and max of the round medians; the load average before and after
+   is recorded (the machine is shared). The answers are checked: the store's ids, order and similarities
    equal the direct computation's.
 
 Usage::
@@ -489,10 +491,12 @@ def query_benchmark(n, d_intrinsic, d, rng, *, n_queries, rounds):
         for q in Q:
             fn(q)
     times = {name: [[] for _ in range(rounds)] for name in variants}
+    names = list(variants)
     for r in range(rounds):
-        for q in Q:
-            for name, fn in variants.items():
-                times[name][r].append(timed(fn, q)[1])
+        for i, q in enumerate(Q):
+            shift = (r * len(Q) + i) % len(names)
+            for name in names[shift:] + names[:shift]:
+                times[name][r].append(timed(variants[name], q)[1])
     out = {"n": n, "d": d, "intrinsic_d": d_intrinsic, "sigma": sigma, "n0": min(n, 1000),
            "build_seconds": build_s, "partition": {k: len(v) for k, v in
                                                    mem.partition().items()},

@@ -128,9 +128,10 @@ def check_real(value, name, *, min=None, max=None, include_min=True, include_max
         ``"{name} must be finite and {interval}; got {value}"``, e.g. ``"C must be finite and
         > 0; got -1.0"`` or ``"tol must be finite and in [0.0, 0.5); got 0.5"``.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
-    value = float(value)
+    if type(value) is not float:  # the common case skips the abstract-class checks
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+        value = float(value)
     below = min is not None and (value < min or (value == min and not include_min))
     above = max is not None and (value > max or (value == max and not include_max))
     if not math.isfinite(value) or below or above:

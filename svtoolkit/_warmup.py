@@ -33,9 +33,9 @@ def kernel_modules():
     """The modules that define ``@njit`` kernels, imported (each kernel is a module global)."""
     from . import _fista, kernels
     from .exact import _bulk, _consistency, _rest, _walk
-    from .memory import _store
+    from .memory import _search
 
-    return (kernels, _walk, _rest, _bulk, _consistency, _fista, _store)
+    return (kernels, _walk, _rest, _bulk, _consistency, _fista, _search)
 
 
 def announce_compilation():
@@ -79,9 +79,8 @@ def warmup() -> None:
     Covers the RBF kernels (:func:`svtoolkit.rbf_kernel`, Gram and cross), every kernel of the
     exact walk (one solver run: extend, decision, KKT residual, removals of a margin and of an
     error key, certified eviction, audit; the kernels of rarer paths are called directly with
-    the solver's argument types), the similarity kernel of
-    :class:`svtoolkit.ForgettableMemory`, and the fused FISTA kernels of the batched path in
-    float32 and float64. The test suite checks that no kernel is left uncompiled.
+    the solver's argument types), the search kernel of :class:`svtoolkit.ForgettableMemory`'s
+    query, and the fused FISTA kernels of the batched path in float32 and float64. The test suite checks that no kernel is left uncompiled.
     """
     _warm_solver()
     _warm_memory()
@@ -139,7 +138,7 @@ def _warm_solver_rare_paths(solver):
 
 
 def _warm_memory():
-    # the similarity kernel behind ForgettableMemory.query, through the public API
+    # the search kernel behind ForgettableMemory.query, through the public API
     from .memory import ForgettableMemory
 
     memory = ForgettableMemory(sigma=1.0, C=0.5)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from svtoolkit.memory import ForgettableMemory
-from svtoolkit.memory._table import TOTAL_RTOL
+from svtoolkit.memory._search import TOTAL_RTOL
 
 U = 2.0 ** -53  # unit roundoff of float64
 
@@ -24,20 +24,23 @@ def gamma(m):
     return m * U / (1.0 - m * U)
 
 
-def reference(mem, q, k, tau):
-    """(record ids, similarities, weights) of the answer by direct differences over every
-    held record, ranked by decreasing similarity, ties by insertion slot (older first)."""
+def reference(mem, q):
+    """Every held record by direct differences: (record ids, solver ids, similarities,
+    weights, y = D / sigma^2, keys), in the order of ``mem.record_ids``."""
     solver = mem._solver
     sids, alpha = np.asarray(solver.ids), np.asarray(solver.alpha)
     ids = mem.record_ids
     X = np.stack([mem.key(r) for r in ids])
     y = ((X - q) ** 2).sum(axis=1) / mem.sigma ** 2
     sims = np.exp(-y)
-    total = float(alpha @ sims)
+    return ids, sids, sims, alpha * sims / float(alpha @ sims), y, X
+
+
+def select(sims, sids, k, tau):
+    """Indices of the answer for similarities ``sims``: those >= tau, by decreasing
+    similarity, ties by solver id (older first), the first k."""
     rows = np.flatnonzero(sims >= tau)
-    rows = rows[np.lexsort((sids[rows], -sims[rows]))][:k]
-    return ([ids[i] for i in rows], sims[rows], alpha[rows] * sims[rows] / total, y[rows],
-            X)
+    return rows[np.lexsort((sids[rows], -sims[rows]))][:k]
 
 
 def score_bound(y, d):
@@ -54,21 +57,33 @@ def weight_bound(y, d, n, X, q, sigma):
     the normaliser's terms not returned (from the expansion, off by at most E / sigma^2 with
     E = 2 gamma_{d+4} (max |x| + |q|)^2, and never by more than TOTAL_RTOL: past it they are
     summed directly) plus the scores' bound, and the two sums' rounding (gamma_n each)."""
-    span = (np.sqrt((X ** 2).sum(axis=1).max()) + np.sqrt(q @ q)) ** 2
+    root = float(np.sqrt((X * X).sum(axis=1).max()) + np.sqrt(q @ q))
+    span = root * root  # inf past the float range: then every term is summed directly
     expansion = min(2.0 * gamma(d + 4) * span / sigma ** 2, TOTAL_RTOL) * 1.01
     return 2.0 * score_bound(y, d) + expansion + 2.0 * gamma(n)
 
 
 def assert_matches_reference(mem, q, k, tau):
+    """The query's answer is the direct computation's for some similarities within the
+    rounding bound of the direct ones (score_bound: two orders of the same sum may rank keys
+    closer than it either way): the hits' own scores, each within the bound, and the lowest
+    the bound allows for every other record. Well-separated keys leave one answer, the
+    reference's; the weights are within weight_bound."""
     hits = mem.query(q, k, min_similarity=tau)
-    ids, sims, weights, y, X = reference(mem, q, k, tau)
+    ids, sids, sims, weights, y, X = reference(mem, q)
     d = X.shape[1]
-    assert [h.record_id for h in hits] == ids
+    index = {rid: i for i, rid in enumerate(ids)}
+    got = [h.record_id for h in hits]
+    rows = [index[rid] for rid in got]  # a KeyError: a record that is not held came back
+    bound = score_bound(y, d) * sims
     scores = np.array([h.score for h in hits])
-    assert np.all(np.abs(scores - sims) <= score_bound(y, d) * sims)
-    got = np.array([h.weight for h in hits])
-    assert np.all(np.abs(got - weights)
-                  <= weight_bound(y, d, len(mem), X, q, mem.sigma) * weights)
+    assert np.all(np.abs(scores - sims[rows]) <= bound[rows])
+    chosen = sims - bound
+    chosen[rows] = scores
+    assert [ids[i] for i in select(chosen, sids, k, tau)] == got
+    got_weights = np.array([h.weight for h in hits])
+    assert np.all(np.abs(got_weights - weights[rows])
+                  <= weight_bound(y[rows], d, len(mem), X, q, mem.sigma) * weights[rows])
     return hits
 
 
@@ -113,6 +128,24 @@ def test_query_near_duplicates_far_from_origin(offset, spread, sigma):
         for k in (1, 5, n):
             hits = assert_matches_reference(mem, q, k, 1e-6)
             assert "r3" not in [h.record_id for h in hits]
+
+
+def test_query_with_norms_near_the_end_of_the_float_range():
+    # (max |x| + |q|)^2 >= 1e300: |x|^2 - 2 x.q + |q|^2 could overflow where the differences
+    # do not, so every row is scored directly
+    rng = np.random.default_rng(13)
+    center = np.array([1.2e154, 0.0])  # |x|^2 ~ 1.4e308 fits; 2 x.q does not
+    X = center + 1e152 * rng.standard_normal((40, 2))
+    mem = ForgettableMemory(sigma=1e152, C=0.1)
+    mem.extend(X, list(range(40)))
+    mem.forget("r5", verify=False)
+    table = mem._table
+    assert np.sqrt(table._sqnorm_max) + np.linalg.norm(X[3]) >= 1e150  # its square >= 1e300
+    for q in (X[3], X[5], 1.01 * X[7]):
+        for k in (1, 4, 40):
+            hits = assert_matches_reference(mem, q, k, 1e-3)
+            assert "r5" not in [h.record_id for h in hits]
+    assert mem.query(X[3], k=1)[0].record_id == "r3"
 
 
 def test_forgotten_record_is_never_returned_and_ties_go_to_the_older():
@@ -188,3 +221,19 @@ def test_values_come_back_as_stored_and_as_fresh_copies():
     hit = mem.query(X[-2], k=1)[0]
     hit.value[1]["b"].append(2)
     assert mem.query(X[-2], k=1)[0].value == values[-2]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_helpers_agree_with_numpy(seed):
+    """The compiled search's one-pass k-th smallest (a bounded max-heap) and its row filter
+    against np.partition and np.flatnonzero, ties and k = 1 .. n included."""
+    from svtoolkit.memory._search import _kth_smallest, _rows_at_most
+
+    rng = np.random.default_rng(seed)
+    for n in (1, 2, 7, 100, 1000):
+        for a in (rng.standard_normal(n), rng.integers(0, 4, n).astype(float)):
+            for k in sorted({1, 2, max(1, n // 2), n - 1, n} - {0}):
+                if k <= n:
+                    assert _kth_smallest(a, k) == np.partition(a, k - 1)[k - 1]
+            for cut in (-np.inf, a.min(), float(np.median(a)), a.max(), np.inf):
+                assert np.array_equal(_rows_at_most(a, cut), np.flatnonzero(a <= cut))

@@ -738,7 +738,8 @@ class ForgettableMemory:
         -------
         list of Hit
         """
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        if type(k) is not int and (isinstance(k, bool) or not isinstance(k, numbers.Integral)) \
+                or k < 1:
             raise ValueError(f"k must be an integer >= 1; got {k!r}")
         tau = self._min_similarity if min_similarity is None else check_positive(
             min_similarity, "min_similarity")
@@ -751,10 +752,9 @@ class ForgettableMemory:
             if n == 0:
                 return []
             table.sync_alpha(self._solver)
-            rows, sims, total = table.nearest(q, int(k), 1.0 / (self.sigma * self.sigma), tau)
-            weights = (table.row_alpha[rows] * sims / total if total > 0.0
-                       else np.zeros(len(rows)))
-            record_ids, texts = table.records_at(rows)
+            sids, sims, weights = table.nearest(q, int(k), 1.0 / (self.sigma * self.sigma),
+                                                tau)
+            record_ids, texts = table.records_of(sids)
             return list(map(Hit._make, zip(record_ids, map(decode_value, texts),
                                            weights.tolist(), sims.tolist(), strict=True)))
 

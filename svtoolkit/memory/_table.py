@@ -15,6 +15,8 @@ import struct
 
 import numpy as np
 
+from . import _search
+
 __all__ = ["RecordTable", "record_leaf", "record_leaves", "coefficients_hash", "state_digest",
            "state_digest_v1", "BLOCK"]
 
@@ -28,13 +30,6 @@ _COEF_TAG = b"svtoolkit.ForgettableMemory/coefficients/v2\x00"
 _STATE_TAG_V1 = b"svtoolkit.ForgettableMemory/state/v1\x00"
 _LEAF_TAG_V1 = b"svtoolkit.ForgettableMemory/record/v1\x00"
 _U64 = struct.Struct("<Q")
-_UNIT = 2.0 ** -53  # unit roundoff of float64
-#: A query's normaliser ``sum_i a_i k(q, x_i)`` takes the terms of the records it does not
-#: return from the expansion while that is off by at most this factor (relative, per term:
-#: ``E / sigma^2`` of :meth:`RecordTable.nearest`), else from the direct differences of every
-#: support record. 2^-30: far above what keys of moderate norm give (1e-14..1e-12), far below
-#: anything a weight is read for.
-TOTAL_RTOL = 2.0 ** -30
 
 
 def record_leaf(record_id, key, value_text):
@@ -150,9 +145,10 @@ class RecordTable:
         """Record ids of the solver ids ``sids`` (same order)."""
         return [self._rid_by_sid[int(s)] for s in sids]
 
-    def records_at(self, rows):
-        """Record ids and value texts (two lists) of the records in table rows ``rows``."""
-        record_ids = list(map(self._rid_by_sid.__getitem__, self.row_sid[rows].tolist()))
+    def records_of(self, sids):
+        """Record ids and value texts (two lists) of the records in solver slots ``sids``
+        (ndarray of int)."""
+        record_ids = list(map(self._rid_by_sid.__getitem__, sids.tolist()))
         records = self._records
         return record_ids, [records[rid][1] for rid in record_ids]
 
@@ -268,24 +264,13 @@ class RecordTable:
 
     # ------------------------------------------------------------------ search
     def nearest(self, q, k, inv_sigma2, min_similarity):
-        """The rows of the (at most) ``k`` held records most similar to ``q`` that support it.
+        """The (at most) ``k`` held records most similar to ``q`` that support it.
 
-        The similarity of row i is ``s_i = exp(-D_i * inv_sigma2)`` with ``D_i`` the squared
-        distance summed over the direct differences ``keys[i] - q`` (no cancellation). Rows
-        with ``s_i >= min_similarity`` are ranked by decreasing ``s_i``, ties by increasing
-        solver id (older first). Computing ``D_i`` so for every row is the cost of a query;
-        instead one matrix-vector product gives ``a_i = |x_i|^2 - 2 x_i . q + |q|^2`` from the
-        maintained squared norms, which ranks the rows to within an absolute error ``E``
-        (below); only the rows that the bound cannot rule out (usually ``k`` or a few more)
-        are re-scored by direct differences, and the answer is read from those scores alone.
-        NumPy, not a compiled loop: a query from a fresh process (the command line) then needs
-        no JIT initialisation (about a second).
-
-        Bound (u = 2^-53, gamma_m = m u / (1 - m u)): a dot product of length d is off by at
-        most ``gamma_d`` times the sum of the absolute products, so ``|a_i - D_i| <=
-        gamma_{d+2} (|x_i| + |q|)^2 <= E = 2 gamma_{d+4} (M + |q|)^2``, M the largest key
-        norm (the 2 absorbs the rounding of M and |q| themselves); the direct sum is off by
-        at most ``gamma_{d+2} D_i`` (a relative error: no cancellation).
+        One matrix-vector product ``-2 X q`` (BLAS), then :func:`_search.nearest_rows`: the
+        expansion ``|x_i|^2 - 2 x_i . q + |q|^2`` on the maintained squared norms ranks the
+        rows within a rounding bound, and only the rows the bound cannot rule out are re-scored
+        by direct differences (the ranking, ties and the normaliser's error are stated there).
+        The coefficients must be synced (:meth:`sync_alpha`).
 
         Parameters
         ----------
@@ -297,77 +282,27 @@ class RecordTable:
 
         Returns
         -------
-        rows : ndarray of shape (m,), int
-            m <= k rows, best first.
+        sids : ndarray of shape (m,), int64
+            The solver ids of m <= k records, best first.
         sims : ndarray of shape (m,)
             Their similarities (direct differences).
-        total : float
-            ``sum_i row_alpha[i] s_i`` over the support rows (the others' terms are 0; the
-            coefficients must be synced, :meth:`sync_alpha`): the candidates' terms from the
-            direct differences, the others' from ``a_i`` (relative error of each such term at
-            most ``E inv_sigma2`` plus rounding; see ``docs/memory.md``).
+        weights : ndarray of shape (m,)
+            Their readout weights ``row_alpha[r] s_r / sum_i row_alpha[i] s_i`` (the sum over
+            the support rows; zeros when it underflows).
         """
-        n, d = self.n, self.d
+        n = self.n
         if self._sqnorm_stale:
             self._sqnorm_max = float(self.row_sqnorm[:n].max()) if n else 0.0
             self._sqnorm_stale = False
         keys = self.keys[:n]
         qq = float(q @ q)
-        span = (math.sqrt(self._sqnorm_max) + math.sqrt(qq)) ** 2
-        if not span < 1e300:
-            # norms near the end of the float64 range (the expansion could overflow where the
-            # differences do not): every row directly
-            rows = np.arange(n)
-            sims = self._direct_similarities(rows, q, inv_sigma2)
-            total = float(self.row_alpha[:n] @ sims)
-        else:
-            a = keys @ (q * -2.0)  # -2 x_i . q (the scaling is exact)
-            a += self.row_sqnorm[:n]
-            a += qq
-            g = (d + 4) * _UNIT / (1.0 - (d + 4) * _UNIT)
-            err = 2.0 * g * span  # E above
-            # the normaliser's other terms from a (then a_i >= -E, so exp(-a_i / sigma^2)
-            # <= 1 + 2^-30: no overflow); past TOTAL_RTOL, every support term directly below
-            approximate_total = err * inv_sigma2 <= TOTAL_RTOL
-            support = self.support_rows
-            if approximate_total:
-                approx = np.multiply(a[support], -inv_sigma2)
-                np.exp(approx, out=approx)
-                total = float(self.support_alpha @ approx)
-            # |a_i - D'_i| <= A + B a_i for the direct sum D'_i: E, the relative error of
-            # D'_i, and a margin of 64 u (relative, and absolute in units of sigma^2) for the
-            # rounding of exp(-D' inv_sigma2) and of the threshold (rows whose D' differ by
-            # less can tie in s)
-            slack_b = g + 64.0 * _UNIT
-            slack_a = err * (1.0 + slack_b) + 64.0 * _UNIT / inv_sigma2
-            # a row can support q only if D'_i <= r_hi, hence only if a_i <= cut
-            r_hi = (-math.log(min_similarity) * (1.0 + 16.0 * _UNIT)
-                    + 16.0 * _UNIT) / inv_sigma2
-            rows = (a <= (r_hi + slack_a) / (1.0 - slack_b)).nonzero()[0]
-            if rows.size > k:
-                # the k rows of smallest a have D' <= t + A + B t (t: the k-th smallest a); a
-                # row ranks above one of them only if its D' is no larger: only if a <= cut_k
-                near = a[rows]
-                t = float(np.partition(near, k - 1)[k - 1])
-                rows = rows[near <= (t * (1.0 + slack_b) + 2.0 * slack_a) / (1.0 - slack_b)]
-            sims = self._direct_similarities(rows, q, inv_sigma2)
-            if approximate_total:  # the candidates' terms from their direct scores
-                approx = np.multiply(a[rows], -inv_sigma2)
-                total += float(self.row_alpha[rows] @ (sims - np.exp(approx, out=approx)))
-            else:  # keys far from the origin for sigma: the normaliser from the differences
-                total = float(self.support_alpha
-                              @ self._direct_similarities(support, q, inv_sigma2))
-        # best first; the supporting rows (s_i >= min_similarity) are then a prefix
-        order = np.lexsort((self.row_sid[rows], -sims))
-        order = order[: min(k, int(np.count_nonzero(sims >= min_similarity)))]
-        return rows[order], sims[order], total
-
-    def _direct_similarities(self, rows, q, inv_sigma2):
-        """exp(-||keys[row] - q||^2 inv_sigma2) for ``rows``, from the differences."""
-        diff = self.keys[rows] - q
-        sims = np.einsum("ij,ij->i", diff, diff)
-        np.multiply(sims, -inv_sigma2, out=sims)
-        return np.exp(sims, out=sims)
+        root = math.sqrt(self._sqnorm_max) + math.sqrt(qq)
+        span = root * root  # inf past the float range (``** 2`` would raise OverflowError)
+        # -2 x_i . q (the scaling is exact); not needed when every row is scored directly
+        a = keys @ (q * -2.0) if span < 1e300 else np.empty(0)
+        return _search.nearest_rows(keys, q, a, self.row_sqnorm[:n], qq, span,
+                                    self.support_rows, self.support_alpha, self.row_alpha[:n],
+                                    self.row_sid[:n], k, inv_sigma2, min_similarity)
 
     def _ensure_rows(self, d, sid, extra=1):
         """Room for ``extra`` more rows and for solver slots up to ``sid``."""
