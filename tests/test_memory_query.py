@@ -225,9 +225,10 @@ def test_values_come_back_as_stored_and_as_fresh_copies():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_search_helpers_agree_with_numpy(seed):
-    """The compiled search's one-pass k-th smallest (a bounded max-heap) and its row filter
-    against np.partition and np.flatnonzero, ties and k = 1 .. n included."""
-    from svtoolkit.memory._search import _kth_smallest, _rows_at_most
+    """The compiled search's one-pass k-th smallest (a bounded max-heap), its row filter and
+    its ranking (a heap sort on similarity, then solver id) against np.partition,
+    np.flatnonzero and np.lexsort, ties and k = 1 .. n included."""
+    from svtoolkit.memory._search import _best_first, _kth_smallest, _rows_at_most
 
     rng = np.random.default_rng(seed)
     for n in (1, 2, 7, 100, 1000):
@@ -237,3 +238,11 @@ def test_search_helpers_agree_with_numpy(seed):
                     assert _kth_smallest(a, k) == np.partition(a, k - 1)[k - 1]
             for cut in (-np.inf, a.min(), float(np.median(a)), a.max(), np.inf):
                 assert np.array_equal(_rows_at_most(a, cut), np.flatnonzero(a <= cut))
+        row_sid = rng.permutation(3 * n).astype(np.int64)  # distinct, unordered ids
+        rows = rng.choice(3 * n, size=n, replace=False).astype(np.int64)
+        sims = rng.integers(1, 5, n) / 4.0  # many exact ties
+        for k, tau in ((1, 0.0), (3, 0.5), (n, 0.0), (n, 1.0), (n + 2, 0.75)):
+            got_rows, got_sims = _best_first(rows, sims, row_sid, k, tau)
+            want = np.lexsort((row_sid[rows], -sims))
+            want = want[: min(k, int(np.count_nonzero(sims >= tau)))]
+            assert np.array_equal(got_rows, rows[want]) and np.array_equal(got_sims, sims[want])
