@@ -246,3 +246,25 @@ def test_search_helpers_agree_with_numpy(seed):
             want = np.lexsort((row_sid[rows], -sims))
             want = want[: min(k, int(np.count_nonzero(sims >= tau)))]
             assert np.array_equal(got_rows, rows[want]) and np.array_equal(got_sims, sims[want])
+
+
+def test_warm_search_compiles_the_signature_a_query_uses():
+    """In a fresh process, after warm_search() a query adds no signature to the search kernel
+    (the server warms it at start-up so that its first query does not compile)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np\n"
+        "from svtoolkit.memory import ForgettableMemory\n"
+        "from svtoolkit.memory._search import nearest_rows, warm_search\n"
+        "warm_search()\n"
+        "assert len(nearest_rows.signatures) == 1, nearest_rows.signatures\n"
+        "mem = ForgettableMemory(sigma=1.0, C=0.5)\n"
+        "mem.extend(np.arange(6.0).reshape(3, 2), [0, 1, 2])\n"
+        "mem.query([0.5, 1.0], k=2, min_similarity=0.1)\n"
+        "mem.query(np.array([1e200, 0.0]), k=1)\n"
+        "assert len(nearest_rows.signatures) == 1, nearest_rows.signatures\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._jit import njit
 
-__all__ = ["nearest_rows", "UNIT", "TOTAL_RTOL"]
+__all__ = ["nearest_rows", "warm_search", "UNIT", "TOTAL_RTOL"]
 
 UNIT = 2.0 ** -53  # unit roundoff of float64
 #: A query's normaliser ``sum_i a_i k(q, x_i)`` takes the terms of the records it does not
@@ -238,3 +238,14 @@ def _weights(rows, sims, row_alpha, total):
         for j in range(rows.shape[0]):
             weights[j] = row_alpha[rows[j]] * sims[j] / total
     return weights
+
+
+def warm_search():
+    """Compile :func:`nearest_rows` (or load it from Numba's cache) with the argument types a
+    query passes, on two one-dimensional keys: a long-running process (the memory server)
+    calls it at start-up, so that its first query does not pay it."""
+    keys = np.array([[0.0], [1.0]])
+    q = np.zeros(1)
+    nearest_rows(keys, q, keys @ (q * -2.0), np.array([0.0, 1.0]), 0.0, 1.0,
+                 np.array([0], dtype=np.int64), np.array([1.0]), np.array([1.0, 0.0]),
+                 np.array([0, 1], dtype=np.int64), 1, 1.0, 0.5)

@@ -41,6 +41,7 @@ from .._validation import check_int, check_positive
 from ..exact import SolverFailure
 from ..exact._warmup import warm_walk
 from ._codec import MAX_VALUE_BYTES
+from ._search import warm_search
 from ._service import (DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE, MemoryService,
                        ServiceUnavailable, StoreChangedError, TooLarge)
 from .client import MIN_TOKEN_CHARS, _TOKEN
@@ -614,6 +615,7 @@ def serve(store, *, token, host="127.0.0.1", port=DEFAULT_PORT, signing_key=None
                      encoder_threads=encoder_threads)
     try:
         warm_walk()  # Numba's one-time start-up here, not in the first change's response
+        warm_search()  # nor the query kernel's in the first query's
         sock = _listen(host, port)
         bound = sock.getsockname()[1]
         if not _is_loopback(host):
