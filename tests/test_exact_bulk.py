@@ -155,11 +155,13 @@ def test_gram_free_build_of_near_duplicates_matches_the_decision_function(monkey
 
 @pytest.mark.parametrize("failure", ["certificate", "smo"])
 def test_gram_free_build_falls_back_to_the_walk(failure, monkeypatch):
-    """A landing that is not certified, or an SMO that does not converge, leaves nothing
-    behind: the walk builds the same state, bit for bit."""
+    """Above ACTIVE_SET_MAX_KEYS (no active set): a landing that is not certified, or an SMO
+    that does not converge, leaves nothing behind: the walk builds the same state, bit for
+    bit."""
     X = np.random.default_rng(32).standard_normal((100, 4))
     reference = _build(X, 0.02, 1.2, monkeypatch, "walk")
     monkeypatch.setattr(solver_module, "BULK_MAX_KEYS", 1)
+    monkeypatch.setattr(solver_module, "ACTIVE_SET_MAX_KEYS", 1)
     monkeypatch.setattr(landing_module, "BULK_GUESS_KEYS", 25)
     if failure == "certificate":
         monkeypatch.setattr(solver_module, "BULK_KKT_TOL", -1.0)
@@ -171,6 +173,22 @@ def test_gram_free_build_falls_back_to_the_walk(failure, monkeypatch):
     assert s.n_bulk_builds == 0
     np.testing.assert_array_equal(s.alpha, reference.alpha)
     assert s.rho == reference.rho
+
+
+def test_gram_free_smo_that_does_not_converge_is_finished_by_the_active_set(monkeypatch):
+    """Up to ACTIVE_SET_MAX_KEYS, a Gram-free SMO that stops short (here: no iteration at all,
+    the guessed start) hands its iterate to the active-set method, which lands on the walk's
+    state (to the rounding of two exact solves, 1e-12)."""
+    X = np.random.default_rng(32).standard_normal((100, 4))
+    reference = _build(X, 0.02, 1.2, monkeypatch, "walk")
+    monkeypatch.setattr(solver_module, "BULK_MAX_KEYS", 1)
+    monkeypatch.setattr(landing_module, "BULK_GUESS_KEYS", 25)
+    monkeypatch.setattr(B, "smo_cached", lambda *args: -1)
+    s = IncrementalSVDD(0.02, 1.2)
+    np.testing.assert_array_equal(s.extend(X), np.arange(100))
+    assert s.n_bulk_builds == 1 and s.n_active_set_builds == 1 and s.n_bulk_fallbacks == 0
+    assert s.kkt_residual() <= 1e-12
+    _same_state(s, reference)
 
 
 def test_gram_free_build_above_the_gram_cap_matches_the_walk(monkeypatch):

@@ -144,6 +144,25 @@ def test_dense_collinear_keys_build_exactly():
     assert len(s) == 500
 
 
+def test_a_gram_free_landing_falls_back_to_the_active_set_too(monkeypatch):
+    """The 500 collinear keys with the Gram matrix ruled out (BULK_MAX_KEYS patched to 200, so
+    the Gram-free SMO and landing run, as above 4,096 keys): the landing did not certify and
+    the key-by-key replay was refused (SolverFailure, "more than 9850 events in one walk").
+    Up to ACTIVE_SET_MAX_KEYS keys the Gram-free path now has the Gram path's budget and last
+    resort: the active set forms the Gram matrix and builds it, at the Gram path's optimum
+    (objectives within the bound of the tests above)."""
+    X, sigma = _collinear(500, 0)
+    on_gram = IncrementalSVDD.from_nu(0.01, 500, sigma)
+    on_gram.extend(X)
+    monkeypatch.setattr(solver_module, "BULK_MAX_KEYS", 200)
+    s = IncrementalSVDD.from_nu(0.01, 500, sigma)
+    s.extend(X)
+    assert s.n_active_set_builds == 1 and s.n_bulk_builds == 1 and s.n_bulk_fallbacks == 0
+    assert s.certified and s.kkt_residual() <= KKT_EXACT
+    tol = 2.0 * (s.kkt_residual() + on_gram.kkt_residual()) + 500 * np.finfo(float).eps
+    assert abs(_objective(s) - _objective(on_gram)) <= tol
+
+
 def test_a_rejected_landing_is_counted_and_named(monkeypatch):
     """A certificate no landing can meet: the replay builds the state, the fallback is on
     record and announced (it used to be visible only as n_bulk_builds staying 0)."""

@@ -19,6 +19,7 @@ import numpy as np
 from .._validation import (as_key, as_keys, check_int, check_positive, check_sigma,
                            largest_violation)
 from . import _active_set as AS
+from . import _bulk as B
 from . import _consistency as CS
 from . import _landing as L
 from . import _walk as W
@@ -43,10 +44,10 @@ BULK_KKT_TOL = 1e-12
 #: Measured: landings rejected at 9e-11 (150 collinear keys) and 3.7e-12 (2,048 heavy-tailed
 #: keys) came from maintained gradients that had drifted from a fresh evaluation.
 BULK_POLISH_ROUNDS = 2
-#: A landing on the Gram matrix whose rest state is not accepted - or takes more than
-#: BULK_LANDING_EVENTS_PER_KEY events per key plus BULK_LANDING_MIN_EVENTS in all (dense keys
-#: in one or two dimensions at a small sigma: there the walk's inverse falls apart and its
-#: walks need not end; ``WalkDriver._settle`` bounds them) - is solved by the primal
+#: A landing of up to ACTIVE_SET_MAX_KEYS keys whose rest state is not accepted - or takes
+#: more than BULK_LANDING_EVENTS_PER_KEY events per key plus BULK_LANDING_MIN_EVENTS in all
+#: (dense keys in one or two dimensions at a small sigma: there the walk's inverse falls apart
+#: and its walks need not end; ``WalkDriver._settle`` bounds them) - is solved by the primal
 #: active-set method of ``svtoolkit.exact._active_set`` from the SMO iterate, in at most
 #: ACTIVE_SET_ITERATIONS_PER_KEY iterations per key plus BULK_LANDING_MIN_EVENTS. Measured
 #: (2-core Intel Xeon): a well-posed landing's rest state takes 10 events at n = 2,000; 500
@@ -55,6 +56,10 @@ BULK_POLISH_ROUNDS = 2
 BULK_LANDING_EVENTS_PER_KEY = 0.5
 BULK_LANDING_MIN_EVENTS = 1000
 ACTIVE_SET_ITERATIONS_PER_KEY = 4
+#: Above BULK_MAX_KEYS (the Gram-free landing) the same budget and last resort apply up to this
+#: many keys: the active set then forms the shifted Gram matrix once (512 MiB at 8192). Above
+#: it a landing that is not accepted is replayed key by key.
+ACTIVE_SET_MAX_KEYS = 8192
 #: :meth:`IncrementalSVDD.remove_many` solves the retained keys afresh by the bulk build when
 #: the batch is at least BULK_REMOVE_FRACTION of the keys held and the margin set at least
 #: BULK_REMOVE_MARGIN_SHARE of them: a decrement of a support key costs O(m^2) per event, so
@@ -292,11 +297,12 @@ class IncrementalSVDD(WalkDriver):
         relaxation of sign violators, correction walk), which ends on the exact optimum.
         Accepted only if the KKT residual from a fresh evaluation of the keys is at most
         BULK_KKT_TOL; a landing above it is first polished (:meth:`_polish_landing`, up to
-        BULK_POLISH_ROUNDS times). On the Gram matrix each of the landing's rest states may
-        take BULK_LANDING_EVENTS_PER_KEY events per key plus BULK_LANDING_MIN_EVENTS (about;
-        ``WalkDriver._settle``), and a landing that is not accepted is solved by the primal
-        active-set method from the SMO iterate (:meth:`_land_active_set`). One still not
-        accepted is counted in ``n_bulk_fallbacks``,
+        BULK_POLISH_ROUNDS times). Up to ACTIVE_SET_MAX_KEYS keys each of the landing's rest
+        states may take BULK_LANDING_EVENTS_PER_KEY events per key plus
+        BULK_LANDING_MIN_EVENTS (about; ``WalkDriver._settle``), and a landing that is not
+        accepted is solved by the primal active-set method from the SMO iterate
+        (:meth:`_land_active_set`; on the Gram-free path the Gram matrix is formed for it).
+        One still not accepted is counted in ``n_bulk_fallbacks``,
         ``bulk_fallback_reason`` names why, and a :class:`BulkFallbackWarning` says so (the
         batch is then replayed key by key, which can take far longer).
         """
@@ -304,17 +310,22 @@ class IncrementalSVDD(WalkDriver):
         min_keys = BULK_MIN_KEYS if min_keys is None else min_keys
         if n < min_keys or not self._feasible(n) or self.max_events is not None:
             return False
-        smo = None
+        Kp = start = None  # the Gram matrix (if formed) and the SMO iterate, for the last resort
+        if n <= ACTIVE_SET_MAX_KEYS:  # a landing that would not end can hand over
+            self._event_budget = int(BULK_LANDING_EVENTS_PER_KEY * n) + BULK_LANDING_MIN_EVENTS
         try:
+            self._place_keys(X, ids)
+            inv_s2 = self._fs[W._INV_SIGMA2]
             if n <= BULK_MAX_KEYS:
-                self._event_budget = int(BULK_LANDING_EVENTS_PER_KEY * n) + BULK_LANDING_MIN_EVENTS
-                self._place_keys(X, ids)
-                smo = L.smo_on_gram(self._Xt, n, self._fs[W._INV_SIGMA2], self._C)
-                Kp, a_smo, converged = smo
-                self._land_bulk(ids, Kp, a_smo.copy())
+                Kp, start, converged = L.smo_on_gram(self._Xt, n, inv_s2, self._C)
+                self._land_bulk(ids, Kp, start.copy())
                 kkt = self.kkt_residual()
             else:
-                converged, kkt = True, self._land_bulk_cached(X, ids)
+                cached = L.smo_gram_free(self._Xt, n, inv_s2, self._C)
+                start = cached[0].copy()
+                if not cached[4]:
+                    raise SolverFailure("the bulk SMO did not converge")
+                converged, kkt = True, self._land_bulk_cached(ids, *cached[:4])
             for _ in range(BULK_POLISH_ROUNDS if kkt > BULK_KKT_TOL else 0):
                 kkt = self._polish_landing()
                 if kkt <= BULK_KKT_TOL:
@@ -327,8 +338,10 @@ class IncrementalSVDD(WalkDriver):
             reason = f"the landing failed: {exc}"
         finally:
             self._event_budget = None
-        if reason is not None and smo is not None:
-            reason = self._land_active_set(X, ids, *smo[:2], reason)
+        if reason is not None and start is not None and n <= ACTIVE_SET_MAX_KEYS:
+            if Kp is None:  # the Gram-free landing: the active set needs the matrix
+                Kp = B.shifted_gram(self._Xt, n, self._fs[W._INV_SIGMA2])
+            reason = self._land_active_set(X, ids, Kp, start, reason)
         if reason is None:
             self._next_id = int(ids[-1]) + 1
             self.n_bulk_builds += 1
@@ -404,20 +417,17 @@ class IncrementalSVDD(WalkDriver):
         self.n_active_set_builds += 1
         return None
 
-    def _land_bulk_cached(self, X, ids):
-        """The Gram-free bulk landing (``_landing.smo_gram_free``); returns the KKT residual
-        of its certificate.
+    def _land_bulk_cached(self, ids, a, a0, g0, grad):
+        """The Gram-free bulk landing from ``_landing.smo_gram_free``'s iterate ``a`` (changed
+        in place), start ``a0``, start gradients ``g0`` and maintained gradients ``grad``, the
+        keys placed; returns the KKT residual of its certificate.
 
         After the landing the certificate is an evaluation from the keys, g0 + 2 K' (a - a0)
         over the keys whose coefficient moved since the start a0 (the same sums a full
         evaluation computes, grouped by linearity). Memory O(n (d + cache columns + m)) with m
         the margin set.
         """
-        n, inv_s2 = len(X), self._fs[W._INV_SIGMA2]
-        self._place_keys(X, ids)
-        a, a0, g0, grad, converged = L.smo_gram_free(self._Xt, n, inv_s2, self._C)
-        if not converged:
-            raise SolverFailure("the bulk SMO did not converge")
+        n, inv_s2 = len(ids), self._fs[W._INV_SIGMA2]
         a_smo = a.copy()
         order = self._snap_partition(a)
         factorised = self._margin_from_rows(L.margin_rows(self._Xt, n, inv_s2, order), order, a)
