@@ -22,6 +22,10 @@ What is timed (wall clock, ``time.perf_counter_ns``, after warm-up; median, min,
 * ``optnet`` - (a) an OptNet-style backward (Amos & Kolter 2017): build the full (3n+1) KKT
   Jacobian of the QP (n coefficients, 2n box multipliers, 1 equality multiplier) and do one
   dense ``torch.linalg.solve`` with its transpose; assemble dL/dK. Everything it does is timed.
+* ``optnet_factored`` - (a') the same backward in OptNet's own form: the Jacobian's LU factors
+  come from the forward (OptNet reuses its interior-point factorisation; computed here
+  beforehand and not timed, as ours' R is not), so only ``torch.linalg.lu_solve`` with J^T
+  and the assembly are timed - the strongest form of the full-KKT peer.
 * ``dense_vjp`` - (b) autograd through a fresh ``torch.linalg.solve`` of the bordered margin
   system: only the backward ``torch.autograd.grad`` is timed (the graph, including the solve and
   its LU, is built beforehand - the most favourable timing for (b)).
@@ -61,6 +65,7 @@ from svtoolkit.torch.ops.naive_gate import bordered_solve_gate  # noqa: E402
 
 SIZES = (32, 128, 512)
 CVXPYLAYERS_SIZE = 30  # (c) is measured only for n <= 30
+PEERS = ("optnet", "optnet_factored", "dense")  # gradients held to GRAD_TOL of ours
 D, NU, SEED = 6, 0.4, 20240
 GRAD_TOL = 1e-10  # relative max-abs difference to the inverse-reusing VJP, (a) and (b)
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,6 +93,41 @@ def make_problem(n):
                 alpha_bar=alpha_bar, rho_bar=rho_bar)
 
 
+def optnet_system(K, alpha, rho, C):
+    """The (3n+1) x (3n+1) KKT Jacobian J of the QP at its solution (see
+    :func:`optnet_backward`), written block by block into one preallocated matrix.
+
+    Rows/columns: z (n), the multipliers of -z <= 0 and of z <= C (n each), nu (1). The
+    multipliers are read off the gradient g = 2 K alpha - diag(K) + rho: g on reserve keys
+    (alpha = 0), -g on error keys (alpha = C), 0 elsewhere.
+    """
+    n = K.shape[0]
+    g = 2.0 * (K @ alpha) - torch.diagonal(K) + rho
+    lam_lower = torch.where(alpha == 0.0, g, torch.zeros_like(g))
+    lam_upper = torch.where(alpha == C, -g, torch.zeros_like(g))
+    i = torch.arange(n)
+    J = torch.zeros(3 * n + 1, 3 * n + 1, dtype=K.dtype)
+    J[:n, :n] = 2.0 * K
+    J[i, n + i] = -1.0  # G^T with G = [-I; I]
+    J[i, 2 * n + i] = 1.0
+    J[:n, 3 * n] = 1.0  # A^T
+    J[n + i, i] = -lam_lower  # D(lam) G
+    J[2 * n + i, i] = lam_upper
+    J[n + i, n + i] = -alpha  # D(G z - h)
+    J[2 * n + i, 2 * n + i] = alpha - C
+    J[3 * n, :n] = 1.0  # A
+    return J
+
+
+def _optnet_grad(d, n, alpha):
+    d_z = d[:n]
+    return -2.0 * torch.outer(d_z, alpha) + torch.diag(d_z)
+
+
+def _optnet_rhs(alpha_bar, rho_bar, n):
+    return torch.cat([alpha_bar, torch.zeros(2 * n, dtype=alpha_bar.dtype), rho_bar.reshape(1)])
+
+
 def optnet_backward(K, alpha, rho, C, alpha_bar, rho_bar):
     """(a) dL/dK by one dense solve with the full QP KKT Jacobian (3n + 1 unknowns).
 
@@ -97,25 +137,19 @@ def optnet_backward(K, alpha, rho, C, alpha_bar, rho_bar):
     dL/dQ = -d_z z^T and dL/dq = -d_z, hence dL/dK = -2 d_z alpha^T + diag(d_z).
     """
     n = K.shape[0]
-    eye = torch.eye(n, dtype=K.dtype)
-    g = 2.0 * (K @ alpha) - torch.diagonal(K) + rho
-    lam_lower = torch.where(alpha == 0.0, g, torch.zeros_like(g))  # reserve: g >= 0
-    lam_upper = torch.where(alpha == C, -g, torch.zeros_like(g))  # error: -g >= 0
-    G = torch.cat([-eye, eye])
-    lam = torch.cat([lam_lower, lam_upper])
-    slack = torch.cat([-alpha, alpha - C])
-    ones = torch.ones(n, 1, dtype=K.dtype)
-    J = torch.zeros(3 * n + 1, 3 * n + 1, dtype=K.dtype)
-    J[:n, :n] = 2.0 * K
-    J[:n, n:3 * n] = G.T
-    J[:n, 3 * n:] = ones
-    J[n:3 * n, :n] = lam.unsqueeze(1) * G
-    J[n:3 * n, n:3 * n] = torch.diag(slack)
-    J[3 * n:, :n] = ones.T
-    rhs = torch.cat([alpha_bar, torch.zeros(2 * n, dtype=K.dtype), rho_bar.reshape(1)])
-    d = torch.linalg.solve(J.T, rhs)
-    d_z = d[:n]
-    return -2.0 * torch.outer(d_z, alpha) + torch.diag(d_z)
+    J = optnet_system(K, alpha, rho, C)
+    d = torch.linalg.solve(J.T, _optnet_rhs(alpha_bar, rho_bar, n))
+    return _optnet_grad(d, n, alpha)
+
+
+def optnet_factored_backward(LU, pivots, alpha, alpha_bar, rho_bar):
+    """(a') The same gradient with J's LU factors computed beforehand, as OptNet reuses the
+    factorisation of its interior-point forward: one solve with J^T (two triangular solves,
+    O(n^2)) and the (n, n) assembly."""
+    n = alpha.shape[0]
+    rhs = _optnet_rhs(alpha_bar, rho_bar, n)[:, None]
+    d = torch.linalg.lu_solve(LU, pivots, rhs, adjoint=True)[:, 0]
+    return _optnet_grad(d, n, alpha)
 
 
 def build_cvxpylayer(n, C):
@@ -202,6 +236,15 @@ def bench_row(p, reps, warmup, with_cvxpylayers=False):
     row["grad_rel_diff"]["optnet"] = rel_diff(g_optnet, g_ours)
     row["times"]["optnet"] = timeit(optnet, max(5, reps // 4) if n >= 256 else reps, warmup)
 
+    # (a') the same with its factorisation from the forward (not timed, as ours' R is not)
+    LU, pivots = torch.linalg.lu_factor(optnet_system(K.detach(), alpha, rho, C))
+
+    def optnet_factored():
+        return optnet_factored_backward(LU, pivots, alpha, abar, rbar)
+
+    row["grad_rel_diff"]["optnet_factored"] = rel_diff(optnet_factored(), g_ours)
+    row["times"]["optnet_factored"] = timeit(optnet_factored, reps, warmup)
+
     # (b) autograd through a fresh bordered solve
     out_dense = bordered_solve_gate(K, margin, error, C)
 
@@ -240,12 +283,15 @@ def bench_row(p, reps, warmup, with_cvxpylayers=False):
 
     t = row["times"]
     row["speedup_vs_optnet"] = t["optnet"]["median_us"] / t["vjp"]["median_us"]
+    row["speedup_vs_optnet_factored"] = (t["optnet_factored"]["median_us"]
+                                         / t["vjp"]["median_us"])
     row["speedup_vs_dense_vjp"] = t["dense_vjp"]["median_us"] / t["vjp"]["median_us"]
     row["speedup_vs_dense_total"] = t["dense_total"]["median_us"] / t["vjp"]["median_us"]
     if t["cvxpylayers"] is not None:
         row["speedup_vs_cvxpylayers"] = t["cvxpylayers"]["median_us"] / t["vjp"]["median_us"]
     row["grads_identical"] = all(row["grad_rel_diff"][k] <= GRAD_TOL for k in
-                                 ("optnet", "dense", "dense_total", "vjp_keys_vs_dense_keys"))
+                                 ("optnet", "optnet_factored", "dense", "dense_total",
+                                  "vjp_keys_vs_dense_keys"))
     return row
 
 
@@ -285,10 +331,11 @@ TABLE_TITLE = "Backward time (microseconds) and gradient agreement"
 def markdown(result):
     lines = [
         "# Exact-gate backward", "", f"## {TABLE_TITLE}", "",
-        "| n | \\|S\\| / \\|E\\| | ours: VJP reusing R | (a) OptNet full KKT | (b) dense VJP "
-        "(graph prebuilt) | (b) dense incl. solve | (c) cvxpylayers | (a)/ours | (b)/ours | "
-        "max rel. grad diff (a), (b) | ours, keys-level fused |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| n | \\|S\\| / \\|E\\| | ours: VJP reusing R | (a) OptNet full KKT | (a') OptNet, "
+        "factors reused | (b) dense VJP (graph prebuilt) | (b) dense incl. solve | "
+        "(c) cvxpylayers | (a)/ours | (a')/ours | (b)/ours | max rel. grad diff (a), (a'), (b) "
+        "| ours, keys-level fused |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         t, gd = r["times"], r["grad_rel_diff"]
@@ -299,9 +346,10 @@ def markdown(result):
             cvx = "n/a (n > 30)"
         lines.append(
             f"| {r['n']} | {r['margin']} / {r['error']} | {fmt(t['vjp'])} | {fmt(t['optnet'])} | "
-            f"{fmt(t['dense_vjp'])} | {fmt(t['dense_total'])} | {cvx} | "
-            f"{r['speedup_vs_optnet']:.0f}x | {r['speedup_vs_dense_vjp']:.2f}x | "
-            f"{gd['optnet']:.1e}, {gd['dense']:.1e} | {fmt(t['vjp_keys'])} |"
+            f"{fmt(t['optnet_factored'])} | {fmt(t['dense_vjp'])} | {fmt(t['dense_total'])} | "
+            f"{cvx} | {r['speedup_vs_optnet']:.0f}x | {r['speedup_vs_optnet_factored']:.1f}x | "
+            f"{r['speedup_vs_dense_vjp']:.2f}x | {gd['optnet']:.1e}, {gd['optnet_factored']:.1e}, "
+            f"{gd['dense']:.1e} | {fmt(t['vjp_keys'])} |"
         )
     env = result["environment"]
     lines += [
@@ -310,6 +358,9 @@ def markdown(result):
         "shared and not timed); see the docstring of benchmarks/backward.py for exactly what "
         "each column times. (b) 'graph prebuilt' times only autograd's backward of a graph "
         "whose solve and LU were done beforehand; 'incl. solve' adds that forward.",
+        "(a') times what OptNet's backward costs when it reuses the factorisation of its "
+        "interior-point forward (J's LU computed beforehand, as ours reuses R): one solve "
+        "with J^T and the assembly.",
         f"Goal: (a)/ours >= 10 at n = 512, (b)/ours >= 1, gradients identical to "
         f"{GRAD_TOL:g} - met: {result['goal']['met']} ({result['goal']['detail']}).",
         f"Hardware: {env['cpu']}, {env['logical_cpus']} logical CPUs, torch threads "
@@ -367,6 +418,8 @@ def main(argv=None):
             "vjp_keys": "torch.autograd.grad to the keys through ExactGateFunction (fused "
                         "kernel chain rule)",
             "optnet": "build the (3n+1) KKT Jacobian + one dense torch.linalg.solve + assemble",
+            "optnet_factored": "the (3n+1) KKT Jacobian's LU from before (not timed): one "
+                               "torch.linalg.lu_solve with J^T + assemble",
             "dense_vjp": "torch.autograd.grad through a prebuilt bordered-solve graph (LU from "
                          "the forward reused by autograd)",
             "dense_total": "build M and c from K + torch.linalg.solve + autograd backward",
@@ -377,9 +430,10 @@ def main(argv=None):
         "environment": environment(),
         "rows": rows,
         "goal": {"met": bool(met), "detail": (
-            f"(a)/ours at n={big['n']}: {big['speedup_vs_optnet']:.0f}x; min (b)/ours "
-            f"{min(r['speedup_vs_dense_vjp'] for r in rows):.2f}x; max grad diff (a),(b) "
-            f"{max(max(r['grad_rel_diff'][k] for k in ('optnet', 'dense')) for r in rows):.1e}")},
+            f"(a)/ours at n={big['n']}: {big['speedup_vs_optnet']:.0f}x, (a')/ours "
+            f"{big['speedup_vs_optnet_factored']:.1f}x; min (b)/ours "
+            f"{min(r['speedup_vs_dense_vjp'] for r in rows):.2f}x; max grad diff (a), (a'), (b) "
+            f"{max(r['grad_rel_diff'][k] for r in rows for k in PEERS):.1e}")},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "backward.json").write_text(json.dumps(result, indent=2) + "\n")
