@@ -282,13 +282,9 @@ class RecordTable:
 
         Returns
         -------
-        sids : ndarray of shape (m,), int64
-            The solver ids of m <= k records, best first.
-        sims : ndarray of shape (m,)
-            Their similarities (direct differences).
-        weights : ndarray of shape (m,)
-            Their readout weights ``row_alpha[r] s_r / sum_i row_alpha[i] s_i`` (the sum over
-            the support rows; zeros when it underflows).
+        sids, sims, weights : ndarray of shape (m,)
+            As :func:`_search.nearest_rows`: the solver ids of m <= k records best first,
+            their similarities and their readout weights.
         """
         n = self.n
         if self._sqnorm_stale:
