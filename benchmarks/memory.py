@@ -73,8 +73,8 @@ keys, warm); save and load of a 10,000-record memory in under a second.
    ``--rounds`` rounds (each round times every query once per variant, interleaved, the
    variants' order rotated from one query to the next so that none always runs after the
    same one) with the min and max of the round medians; the load average before and after
-   is recorded (the machine is shared). The answers are checked: the store's ids, order and similarities
-   equal the direct computation's.
+   is recorded (the machine is shared). The answers are checked: the store's ids, order and
+   similarities equal the direct computation's.
 
 Usage::
 

@@ -80,7 +80,8 @@ def warmup() -> None:
     exact walk (one solver run: extend, decision, KKT residual, removals of a margin and of an
     error key, certified eviction, audit; the kernels of rarer paths are called directly with
     the solver's argument types), the search kernel of :class:`svtoolkit.ForgettableMemory`'s
-    query, and the fused FISTA kernels of the batched path in float32 and float64. The test suite checks that no kernel is left uncompiled.
+    query, and the fused FISTA kernels of the batched path in float32 and float64. The test
+    suite checks that no kernel is left uncompiled.
     """
     _warm_solver()
     _warm_memory()

@@ -3,7 +3,9 @@
 The query ranks the records by one matrix-vector product on maintained squared norms and
 re-scores, by direct differences, the rows its rounding bound cannot rule out; these tests
 hold it to the answer of the direct computation over every held record: the same ids in the
-same order, and scores and weights within the error bounds derived below.
+same order (keys closer than the rounding of their distances may come in either order, the
+direct computation's under another summation order), and scores and weights within the error
+bounds derived below.
 
 Seeds: every test draws from np.random.default_rng(<seed in the test>).
 """

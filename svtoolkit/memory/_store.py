@@ -738,8 +738,9 @@ class ForgettableMemory:
         -------
         list of Hit
         """
-        if type(k) is not int and (isinstance(k, bool) or not isinstance(k, numbers.Integral)) \
-                or k < 1:
+        # a plain int skips the abstract-class check (most of a small query's own cost)
+        integral = type(k) is int or (isinstance(k, numbers.Integral) and not isinstance(k, bool))
+        if not integral or k < 1:
             raise ValueError(f"k must be an integer >= 1; got {k!r}")
         tau = self._min_similarity if min_similarity is None else check_positive(
             min_similarity, "min_similarity")
