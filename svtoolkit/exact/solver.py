@@ -376,8 +376,9 @@ class IncrementalSVDD(WalkDriver):
         self._rest_from_field(a, 2.0 * (Kp @ a), ids, factorised)
 
     def _land_active_set(self, X, ids, Kp, a, reason):
-        """The last resort of a Gram-matrix landing that was not accepted (``reason`` says
-        why): the primal active-set method (``_active_set.active_set``) from the SMO iterate
+        """The last resort of a landing (of up to ACTIVE_SET_MAX_KEYS keys, ``Kp`` their
+        shifted Gram matrix) that was not accepted (``reason`` says why): the primal
+        active-set method (``_active_set.active_set``) from the SMO iterate
         ``a``, installed as the state - its free keys the margin set, the inverse factorised
         afresh, every gradient from the keys, at rest - and accepted at BULK_KKT_TOL like any
         landing. Returns None when accepted, else ``reason`` extended."""
@@ -479,10 +480,10 @@ class IncrementalSVDD(WalkDriver):
         The batch is validated as a whole first. Into an empty solver, a batch of at least
         BULK_MIN_KEYS keys with n C >= 1 is solved by the bulk path instead (SMO and an exact
         landing, Gram-free above BULK_MAX_KEYS keys; docs/exact_solver.md), accepted only
-        with a fresh KKT residual of at most BULK_KKT_TOL; a landing on the Gram matrix that
-        is not accepted is solved by a primal active-set method instead
-        (``n_active_set_builds``), and only what that does not certify is replayed by the
-        walk. If an exact walk fails part-way, the keys held and the whole batch are solved
+        with a fresh KKT residual of at most BULK_KKT_TOL; a landing of up to
+        ACTIVE_SET_MAX_KEYS keys that is not accepted is solved by a primal active-set method
+        instead (``n_active_set_builds``), and only what that does not certify is replayed by
+        the walk. If an exact walk fails part-way, the keys held and the whole batch are solved
         afresh by the bulk path at any size, ids kept, and taken at the same certificate
         (``n_admission_fallbacks`` counts these); only if that does not apply (n C < 1, a
         user's ``max_events``) or is not accepted is the batch refused: the solver then holds
