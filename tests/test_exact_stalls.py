@@ -298,9 +298,9 @@ def test_an_admission_whose_walk_fails_is_solved_afresh_not_refused(monkeypatch)
 
 
 def test_an_admission_the_fresh_solve_cannot_take_is_refused_with_nothing_lost(monkeypatch):
-    """The fallback needs n C >= 1 (the bulk build) and no user event limit; otherwise the
-    admission is refused as before: the state is a fresh solve of the keys held before and
-    the refused id is not consumed."""
+    """The fallback needs no user event limit (neither the bulk build nor the anchored solve
+    of warm-up runs with one); with one the admission is refused as before: the state is a
+    fresh solve of the keys held before and the refused id is not consumed."""
     X = np.random.default_rng(44).standard_normal((30, 3))
     s = IncrementalSVDD(1.0 / (0.3 * 30), 1.5)
     s.extend(X[:20])
@@ -313,3 +313,74 @@ def test_an_admission_the_fresh_solve_cannot_take_is_refused_with_nothing_lost(m
     np.testing.assert_array_equal(s.ids, np.arange(20))
     np.testing.assert_array_equal(s.alpha, before)  # restored, not rebuilt
     assert s.n_admission_fallbacks == 0 and s.add(X[20]) == 20
+
+
+def test_an_admission_in_warm_up_whose_walk_fails_is_solved_afresh_not_refused(monkeypatch):
+    """While n C < 1 the fresh solve is the anchored problem's (the keys and the virtual
+    anchor, ``IncrementalSVDD._build_anchored``): an admission whose walk fails there is no
+    longer refused (it was: the bulk build needs n C >= 1). Five clusters of six keys 1e-5
+    apart at sigma = 0.5 (nu = 0.5: warm-up until the 15th key) refused the 14th key that
+    way; here the failure is forced on well-spread keys, where the walk's state is the
+    reference. Two exact solves of one optimum differ by about cond(M) u per coefficient
+    (M the bordered margin matrix; a factor 64 for the sums' lengths, as above)."""
+    X = np.random.default_rng(45).standard_normal((12, 3))
+    C = 1.0 / 15.0  # n C = 0.8 at 12 keys: warm-up throughout
+    s = IncrementalSVDD(C, 1.5)
+    s.extend(X[:11])
+    _failing_admission(monkeypatch, times=1)
+    assert s.add(X[11]) == 11
+    monkeypatch.undo()
+    walked = IncrementalSVDD(C, 1.5)
+    walked.extend(X)
+    assert not s.certified and s.n_admission_fallbacks == 1 and s.n_active_set_builds == 1
+    assert s.kkt_residual() <= KKT_EXACT
+    np.testing.assert_array_equal(s.ids, walked.ids)
+    np.testing.assert_array_equal(s.margin_ids, walked.margin_ids)
+    cond = np.linalg.cond(walked._bordered())  # the anchor's row included (warm-up)
+    tol = 64.0 * cond * np.finfo(float).eps
+    np.testing.assert_allclose(s.alpha, walked.alpha, rtol=0, atol=tol * C)
+    assert s.warmup_mass == pytest.approx(walked.warmup_mass, abs=tol)
+    for x in np.random.default_rng(46).standard_normal((4, 3)):  # on out of warm-up
+        s.add(x)
+    assert s.certified and s.kkt_residual() <= KKT_EXACT
+
+
+def test_the_refused_warm_up_admission_on_far_clusters_is_taken():
+    """The case above, unforced: five clusters of six keys (jitter 1e-5, d = 6) admitted in
+    cluster order at sigma = 0.5, C = 1 / 15: the 14th admission's walk ends on a rest state
+    that breaks sum(a) = 1 and was refused; every admission is now taken, exact."""
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((5, 6))
+    X = (centres[:, None, :] + 1e-5 * rng.standard_normal((5, 6, 6))).reshape(-1, 6)
+    s = IncrementalSVDD(1.0 / 15.0, 0.5)
+    for i, x in enumerate(X):
+        assert s.add(x) == i
+    assert s.certified and s.kkt_residual() <= 1e-8  # FAR_KKT_TOL of test_exact_clusters
+
+
+def test_an_active_set_polish_that_does_not_improve_leaves_the_walks_state(monkeypatch):
+    """``_settle_degenerate`` keeps the active set's state only where its KKT residual is
+    lower; when the active set fails, the walk's coefficients, gradients and rho are put back
+    bit for bit (the inverse is factorised afresh)."""
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((3, 6))
+    X = (centres[:, None, :] + 1e-5 * rng.standard_normal((3, 6, 6))).reshape(-1, 6)
+    C = 1.0 / (0.2 * len(X))
+    tried = []
+
+    def failing(self, Kp, a):
+        tried.append(len(a))
+        return "forced"
+
+    monkeypatch.setattr(IncrementalSVDD, "_install_active_set", failing)
+    s, walked = IncrementalSVDD(C, 0.5), IncrementalSVDD(C, 0.5)
+    walked._settle_degenerate = lambda marks: None
+    for x in X:
+        s.add(x)
+        walked.add(x)
+        if tried:
+            break
+    assert tried, "no operation went to the active set"
+    np.testing.assert_array_equal(s.alpha, walked.alpha)
+    np.testing.assert_array_equal(s._grad[:s._n], walked._grad[:walked._n])
+    assert s.rho == walked.rho and s.n_active_set_polishes == 0

@@ -86,7 +86,9 @@ def active_set(Kp, C, a, violation_tol, max_iter):
     ----------
     Kp : ndarray of shape (n, n)
         The shifted Gram matrix.
-    C : float
+    C : float or ndarray of shape (n,)
+        The upper bounds (an array where they differ: ``np.inf`` for the warm-up anchor,
+        which has none).
     a : ndarray of shape (n,)
         Feasible start (the bulk build's SMO iterate); holds the result.
     violation_tol : float
@@ -102,7 +104,8 @@ def active_set(Kp, C, a, violation_tol, max_iter):
     converged : bool
         False when ``max_iter`` iterations were not enough.
     """
-    free = (a > 0.0) & (a < C)
+    upper = np.broadcast_to(np.asarray(C, dtype=float), a.shape)
+    free = (a > 0.0) & (a < upper)
     for _ in range(max_iter):
         a_free, rho_shifted = equality_solution(Kp, a, free)
         F = np.flatnonzero(free)
@@ -110,12 +113,12 @@ def active_set(Kp, C, a, violation_tol, max_iter):
         # the longest step in [0, 1] that keeps every free coefficient in the box
         with np.errstate(divide="ignore", invalid="ignore"):
             room = np.where(step < 0.0, -a[F] / step,
-                            np.where(step > 0.0, (C - a[F]) / step, np.inf))
+                            np.where(step > 0.0, (upper[F] - a[F]) / step, np.inf))
         j = int(np.argmin(room)) if len(F) else -1
         if j >= 0 and room[j] < 1.0:
             a[F] += room[j] * step
             k = F[j]
-            a[k] = 0.0 if step[j] < 0.0 else C
+            a[k] = 0.0 if step[j] < 0.0 else upper[k]
             free[k] = False
             continue
         a[F] = a_free

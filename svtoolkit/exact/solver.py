@@ -134,6 +134,10 @@ class IncrementalSVDD(WalkDriver):
     n_active_set_builds : int
         Bulk builds whose landing was not accepted and that the primal active-set method
         solved instead (``svtoolkit.exact._active_set``; see :meth:`extend`).
+    n_active_set_polishes : int
+        Admissions and deletions on numerically degenerate keys whose rest state was above
+        BULK_KKT_TOL and that the active-set method solved from there (docs/exact_solver.md,
+        "The active-set polish of a degenerate operation").
 
     Notes
     -----
@@ -176,6 +180,7 @@ class IncrementalSVDD(WalkDriver):
         self.n_bulk_fallbacks = 0
         self.n_admission_fallbacks = 0
         self.n_active_set_builds = 0
+        self.n_active_set_polishes = 0
         self.bulk_fallback_reason = None
 
     @classmethod
@@ -235,6 +240,7 @@ class IncrementalSVDD(WalkDriver):
         or nothing; :meth:`_restore`) and SolverFailure is raised."""
         first_id, fresh = self._next_id, self._d is None
         before, ops_before = self._snapshot(), self._ops_since_audit
+        marks = self._degenerate_marks()
         if fresh:
             self._d = X.shape[1]
             self._allocate(d=self._d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
@@ -259,29 +265,58 @@ class IncrementalSVDD(WalkDriver):
                 return ids
             self._ops_since_audit = ops_before
             self._recover(exc, before, held_ids, held_keys)
+        self._settle_degenerate(marks)
         return ids
 
     def _admit_afresh(self, ids, keys):
         """The fallback of an admission whose walk failed: :meth:`_solve_afresh` of ``keys``
         (the keys held before and the batch, ``ids`` kept) at any size from one key on. True
-        when taken; False leaves the solver empty for the caller's recovery (the bulk build
-        does not apply while n C < 1, nor with an event limit set by the user)."""
+        when taken; False leaves the solver empty for the caller's recovery (neither build
+        applies with an event limit set by the user)."""
         if not self._solve_afresh(ids, keys, min_keys=1):
             return False
         self.n_admission_fallbacks += 1
         return True
 
     def _solve_afresh(self, ids, keys, min_keys=None):
-        """Replace the state by a bulk build of ``keys`` with their ``ids``, taken only at its
-        exact certificate (:meth:`_bulk_admit`); the next id never goes back. True when taken,
-        else False with the solver empty."""
+        """Replace the state by a bulk build of ``keys`` with their ``ids`` - or, while they
+        cannot hold the mass (n C < 1), by the active-set solve of the anchored problem
+        (:meth:`_build_anchored`) - taken only at its exact certificate; the next id never
+        goes back. True when taken, else False with the solver empty."""
         next_id = self._next_id
         self._reset()
-        if self._bulk_admit(keys, ids, min_keys):
+        if self._bulk_admit(keys, ids, min_keys) or self._build_anchored(keys, ids):
             self._next_id = max(self._next_id, next_id)
             self._after_operation()
             return True
         self._next_id = next_id
+        return False
+
+    def _build_anchored(self, X, ids):
+        """A fresh solve in warm-up: the keys ``X`` (ids ``ids``) with the virtual anchor
+        (``K'(anchor, x) = -1``, no upper bound; docs/design.md §3.8) by the active-set method
+        from every key at C and the anchor holding the rest, accepted at BULK_KKT_TOL. Only
+        while n C < 1, up to ACTIVE_SET_MAX_KEYS keys and without a user event limit (as the
+        bulk build); True when taken, else False with the solver empty."""
+        n = len(X)
+        if (n == 0 or self._feasible(n) or n > ACTIVE_SET_MAX_KEYS
+                or self.max_events is not None):
+            return False
+        self._place_keys(X, ids)  # n + 1 slots: the last is the anchor's
+        self._Xt[:, n] = 0.0
+        self._ids[n] = -1
+        self._ist[W._N] = n + 1
+        self._ist[W._ANCHOR] = n
+        Kp = self._slots_gram()
+        a = np.full(n + 1, self._C)
+        a[n] = 1.0 - a[:n].sum()
+        if self._install_active_set(Kp, a) is None and self.kkt_residual() <= BULK_KKT_TOL:
+            self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
+            self._order_cache = None
+            self._next_id = int(ids[-1]) + 1
+            self.n_active_set_builds += 1
+            return True
+        self._reset()
         return False
 
     def _bulk_admit(self, X, ids, min_keys=None):
@@ -340,7 +375,7 @@ class IncrementalSVDD(WalkDriver):
             self._event_budget = None
         if reason is not None and start is not None and n <= ACTIVE_SET_MAX_KEYS:
             if Kp is None:  # the Gram-free landing: the active set needs the matrix
-                Kp = B.shifted_gram(self._Xt, n, self._fs[W._INV_SIGMA2])
+                Kp = self._slots_gram()
             reason = self._land_active_set(X, ids, Kp, start, reason)
         if reason is None:
             self._next_id = int(ids[-1]) + 1
@@ -378,21 +413,42 @@ class IncrementalSVDD(WalkDriver):
     def _land_active_set(self, X, ids, Kp, a, reason):
         """The last resort of a landing (of up to ACTIVE_SET_MAX_KEYS keys, ``Kp`` their
         shifted Gram matrix) that was not accepted (``reason`` says why): the primal
-        active-set method (``_active_set.active_set``) from the SMO iterate
-        ``a``, installed as the state - its free keys the margin set, the inverse factorised
-        afresh, every gradient from the keys, at rest - and accepted at BULK_KKT_TOL like any
-        landing. Returns None when accepted, else ``reason`` extended."""
-        n, C = len(X), self._C
-        a = a.copy()
-        free, rho_shifted, converged = AS.active_set(
-            Kp, C, a, W.REPAIR_MIN_TOL * max(C, 1.0),
-            ACTIVE_SET_ITERATIONS_PER_KEY * n + BULK_LANDING_MIN_EVENTS)
-        if not converged:
-            return reason + "; the active-set fallback did not converge"
-        inside = (a > 0.0) & (a < C)
-        a[free & ~inside] = np.where(a[free & ~inside] <= 0.0, 0.0, C)  # ended on a bound: held
+        active-set method from the SMO iterate ``a``, installed as the state
+        (:meth:`_install_active_set`) and accepted at BULK_KKT_TOL like any landing. Returns
+        None when accepted, else ``reason`` extended."""
         self._reset()
         self._place_keys(X, ids)
+        failure = self._install_active_set(Kp, a)
+        if failure is not None:
+            return f"{reason}; {failure}"
+        self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
+        self._order_cache = None
+        kkt = self.kkt_residual()
+        if kkt > BULK_KKT_TOL:
+            return reason + f"; the active-set fallback ended at a KKT residual of {kkt:.2g}"
+        self.n_active_set_builds += 1
+        return None
+
+    def _install_active_set(self, Kp, a):
+        """Solve the placed keys by the primal active-set method
+        (``_active_set.active_set``) from feasible coefficients ``a`` (slot order; ``Kp`` the
+        shifted Gram matrix of the first n slots, the warm-up anchor's entries included) and
+        install the result in place - its free keys the margin set, the inverse factorised
+        afresh, every gradient from the keys, at rest. Returns None when installed, else why
+        not (the state is then partly written)."""
+        n, C = len(a), self._C
+        upper = np.full(n, C)
+        if self._anchor >= 0:
+            upper[self._anchor] = np.inf  # the anchor takes any mass the keys cannot
+        a = a.copy()
+        free, rho_shifted, converged = AS.active_set(
+            Kp, upper, a, W.REPAIR_MIN_TOL * max(C, 1.0),
+            ACTIVE_SET_ITERATIONS_PER_KEY * n + BULK_LANDING_MIN_EVENTS)
+        if not converged:
+            return "the active-set fallback did not converge"
+        inside = (a > 0.0) & (a < upper)
+        ended = free & ~inside  # ended on a bound: held there
+        a[ended] = np.where(a[ended] <= 0.0, 0.0, upper[ended])
         order = np.flatnonzero(free & inside)
         m = len(order)
         while self._S.shape[0] <= m + 1:
@@ -400,22 +456,17 @@ class IncrementalSVDD(WalkDriver):
         self._alpha[:n] = a
         self._status[:n] = np.where(a == 0.0, W.RESERVE, W.ERROR)
         self._status[order] = W.MARGIN
-        self._S[:m] = order
+        self._spos[:n] = -1
         self._spos[order] = np.arange(m)
+        self._S[:m] = order
         self._KSt[:m, :n] = Kp[order]
         self._ist[W._M] = m
         self._fs[W._RHO] = rho_shifted
         try:
             self._polish()  # the inverse factorised, every gradient from the keys
         except np.linalg.LinAlgError as exc:
-            return reason + f"; the active-set state's margin matrix is singular: {exc}"
+            return f"the active-set state's margin matrix is singular: {exc}"
         self._ist[W._SETTLED] = self._ist[W._EVENTS]  # at rest: nothing left to settle
-        self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
-        self._order_cache = None
-        kkt = self.kkt_residual()
-        if kkt > BULK_KKT_TOL:
-            return reason + f"; the active-set fallback ended at a KKT residual of {kkt:.2g}"
-        self.n_active_set_builds += 1
         return None
 
     def _land_bulk_cached(self, ids, a, a0, g0, grad):
@@ -535,13 +586,15 @@ class IncrementalSVDD(WalkDriver):
             self._reset()
             self._after_operation()
             return
+        marks = self._degenerate_marks()
         if self._alpha[slot] == 0.0:
             # a key with a = 0 leaves without a step: nothing moves, no walk runs
             self._remove_slot(slot, int(id))
             self._after_operation()
+            self._settle_degenerate(marks)
             return
         # the removal walks, at O(n m) per event, beside which this O(n + m) copy is small
-        before = self._deletion_snapshot([slot])
+        before = self._deletion_snapshot(slice(slot, slot + 1))
         try:
             if self._anchor < 0 and self._on_vertex(len(self) - 1):
                 # the retained keys have one feasible point: land on it (a walk would have to
@@ -558,6 +611,51 @@ class IncrementalSVDD(WalkDriver):
             self._solve_afresh_without([int(id)], "remove", before)
             return
         self._after_operation()
+        self._settle_degenerate(marks)
+
+    def _degenerate_marks(self):
+        """The counts :meth:`_settle_degenerate` compares after an operation: the joins
+        refused as dependent on S and the polishes so far."""
+        return int(self._ist[W._REFUSED]), self.n_polishes
+
+    def _settle_degenerate(self, marks):
+        """After an admission or deletion, the active-set polish of a degenerate state.
+
+        The walk's rest state tolerates sign violations of keys nearly dependent on S (up to
+        REPAIR_FACTOR C kappa), and a badly conditioned margin set lets the maintained
+        gradients drift from the keys: on tight clusters farther apart than the kernel
+        width, states ended up to 1e-6 above the optimum with ``certified`` True. Where the
+        operation refused a join as dependent on S or polished the inverse (``marks``,
+        :meth:`_degenerate_marks` before it) the state is checked from the keys, one
+        O(n |support| d) evaluation - as much as the polish's own - and nothing otherwise;
+        above BULK_KKT_TOL the keys are solved by the active-set method from the walk's
+        coefficients (up to ACTIVE_SET_MAX_KEYS keys, the warm-up anchor included), and that
+        state is kept where its KKT residual is lower, else the walk's is put back.
+        """
+        if marks == self._degenerate_marks() or self._n == 0 or self._n > ACTIVE_SET_MAX_KEYS:
+            return
+        kkt = self.kkt_residual()
+        if kkt <= BULK_KKT_TOL:
+            return
+        before = self._snapshot()
+        ids, keys = self._held_keys(lambda held: np.ones(len(held), dtype=bool))
+        Kp = self._slots_gram()
+        if (self._install_active_set(Kp, self._alpha[:self._n]) is None
+                and self.kkt_residual() < kkt):
+            self.n_active_set_polishes += 1
+            return
+        self._restore(before, ids, keys)
+
+    def _slots_gram(self):
+        """The shifted Gram matrix K' of the n slots, shape (n, n), the warm-up anchor's
+        entries as docs/design.md §3.8 defines them (``K'(anchor, x) = -1``,
+        ``K'(anchor, anchor) = 0``)."""
+        Kp = B.shifted_gram(self._Xt, self._n, self._fs[W._INV_SIGMA2])
+        anchor = self._anchor
+        if anchor >= 0:
+            Kp[anchor, :] = Kp[:, anchor] = -1.0
+            Kp[anchor, anchor] = 0.0
+        return Kp
 
     def remove_many(self, ids):
         """Delete several keys exactly: afterwards the state is the optimum of the retained
@@ -605,8 +703,10 @@ class IncrementalSVDD(WalkDriver):
             self.remove(key_id)
 
     def _deletion_snapshot(self, slots):
-        """:meth:`_snapshot` with the keys in ``slots`` (the ones to delete) and their ids:
-        what a refused deletion needs to put back, its victims included."""
+        """:meth:`_snapshot` with the keys in ``slots`` (the ones to delete: a list of slots,
+        or a slice - basic indexing, which a single deletion takes because it costs a few
+        microseconds less than a fancy index) and their ids: what a refused deletion needs to
+        put back, its victims included."""
         return self._snapshot(), self._ids[slots].copy(), self._Xt[:, slots].T.copy()
 
     def _solve_afresh_without(self, wanted, caller, before):
@@ -618,7 +718,7 @@ class IncrementalSVDD(WalkDriver):
         wanted = np.asarray(wanted, dtype=np.int64)
         ids, keys = self._held_keys(lambda held: ~np.isin(held, wanted))
         fallbacks = self.n_bulk_fallbacks
-        if self._solve_afresh(ids, keys):
+        if self._solve_afresh(ids, keys, min_keys=1):
             return
         if self.n_bulk_fallbacks > fallbacks:  # a landing was tried and not accepted
             warnings.warn(f"{caller}: the bulk rebuild of the {len(ids)} retained keys was "
@@ -659,6 +759,10 @@ class IncrementalSVDD(WalkDriver):
         return evicted
 
     def _lookup(self, id):
+        if type(id) is int:  # the common case, without the ABC checks below (a microsecond)
+            slot = self._slot_of.get(id)
+            if slot is not None:
+                return slot
         if isinstance(id, bool) or not isinstance(id, (numbers.Integral, np.integer)):
             raise KeyError(f"ids are integers; got {id!r}")
         key = int(id)
