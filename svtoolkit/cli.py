@@ -695,7 +695,9 @@ def main(argv=None):
     if args.func in (_cmd_add, _cmd_forget, _cmd_edit):
         from .exact._warmup import prepare_changes
 
-        prepare_changes()  # on an empty cache: a change's kernels, in two processes at once
+        # on an empty cache: a change's kernels, in two processes at once (an admission's
+        # only for `add`: a deletion's own kernel compiles at its first call)
+        prepare_changes(deletions=args.func is not _cmd_add)
     with warnings.catch_warnings(record=True) as caught:
         for category in (BudgetExceededWarning, DurabilityWarning):
             warnings.simplefilter("always", category)

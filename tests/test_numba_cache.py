@@ -195,30 +195,41 @@ class Record(event.Listener):
         pass
 
 event.register("numba:compile", Record())
-took = prepare_changes()
+took = prepare_changes(deletions=sys.argv[2] == "all")
 during = list(compiled)
 from svtoolkit.cli import main
 for argv in (["init", sys.argv[1], "--sigma", "1", "--C", "0.3"],
              ["add", sys.argv[1], "--key", "1,2", "--value", "a"],
-             ["add", sys.argv[1], "--key", "0,2", "--value", "b"],
-             ["forget", sys.argv[1], "r0"]):
+             ["add", sys.argv[1], "--key", "0,2", "--value", "b"]):
     main(["memory", *argv])
-print(json.dumps({"took": took, "during": during, "after": compiled[len(during):]}))
+admitted = len(compiled)
+main(["memory", "forget", sys.argv[1], "r0"])
+print(json.dumps({"took": took, "during": during, "after_adds": compiled[len(during):admitted],
+                  "after_forget": compiled[admitted:]}))
 """
 
 
 @pytest.mark.slow
-def test_on_an_empty_cache_the_plan_compiles_in_two_processes_without_overlap(tmp_path):
-    from svtoolkit.exact._warmup import CHANGE_PLAN, _usable_cpus
+@pytest.mark.parametrize("kernels", ["all", "admissions"])
+def test_on_an_empty_cache_the_plan_compiles_in_two_processes_without_overlap(tmp_path,
+                                                                             kernels):
+    """The whole plan (a forget's, an edit's) or an admission's (``memory add``: without
+    ``DELETION_ONLY``, which the first deletion then compiles)."""
+    from svtoolkit.exact._warmup import CHANGE_PLAN, DELETION_ONLY, _usable_cpus
 
     if _usable_cpus() < 2:
         pytest.skip("one CPU: the plan compiles nothing in a second process")
     env = _environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache")
-    out = subprocess.run([sys.executable, "-c", PREPARE_COLD, str(tmp_path / "s.json")],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", PREPARE_COLD, str(tmp_path / "s.json"),
+                          kernels], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=1200, check=True)
     report = json.loads(out.stdout.splitlines()[-1])
     there = {name for _, side in CHANGE_PLAN for name in side}
     assert report["took"] is True
     assert "walk" in report["during"] and not there & set(report["during"])
-    assert report["after"] == []  # the changes found every kernel compiled or cached
+    assert report["after_adds"] == []  # the admissions found every kernel compiled or cached
+    if kernels == "all":
+        assert report["after_forget"] == [] and set(DELETION_ONLY) <= set(report["during"])
+    else:
+        assert not set(DELETION_ONLY) & set(report["during"])
+        assert set(DELETION_ONLY) <= set(report["after_forget"])

@@ -17,22 +17,33 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["warm_walk", "CHANGE_PLAN", "change_kernels", "compile_kernels", "prepare_changes"]
+__all__ = ["warm_walk", "CHANGE_PLAN", "DELETION_ONLY", "change_kernels", "compile_kernels",
+           "prepare_changes"]
 
 #: The order in which :func:`prepare_changes` compiles the kernels a change calls: per step,
 #: (compiled here, compiled at the same time in a child process). A kernel compiles the
 #: kernels it calls unless Numba's cache holds them, so each step uses only what the steps
 #: before it put in the cache: ``_leave`` (which most of the walk calls) first, beside the
-#: kernels that call nothing of the walk; then the walk's event steps beside the rest state's
-#: correction; then the roots, whose callees are all cached by then. Wall time of each
-#: step's two sides on a 2-core AMD EPYC, empty cache: 3.1 s / 2.7 s, 3.8 s / 3.4 s, then
-#: 6.4 s here (a root's compilation optimises the callees linked into it again).
+#: kernel that inserts a key, the rest state's choice of violator and the moving key's own
+#: events; then the walk's event steps beside the rest state's correction and the start of a
+#: walk; then the roots (the walk, the rest state and a deletion's crossing), whose callees
+#: are all cached by then, beside the evaluations from the keys that nothing of the walk
+#: calls. Seconds of each kernel compiled alone after the ones before it, on an empty cache
+#: (2-core Intel Xeon): _leave 3.5 (Numba's start included), insert_slot 1.2, worst_violator
+#: 0.7, _finish_own 1.1; _step 2.6, _rho_step 0.6; correct 1.7, snap_margin_bounds 0.8,
+#: _start 0.5; walk 1.4, settle 3.6 (a root's compilation optimises the callees linked into
+#: it again), remove_and_settle 1.7; decision 0.8, fresh_gradients 0.6, _kkt_terms 0.3.
 CHANGE_PLAN = (
-    (("insert_slot", "decision", "fresh_gradients", "kernel_column", "_kkt_terms",
-      "worst_violator"), ("_leave",)),
-    (("_step", "_rho_step", "_start", "_finish_own"), ("correct", "snap_margin_bounds")),
-    (("walk", "settle", "remove_and_settle"), ()),
+    (("insert_slot", "kernel_column", "worst_violator", "_finish_own"), ("_leave",)),
+    (("_step", "_rho_step"), ("correct", "snap_margin_bounds", "_start")),
+    (("walk", "settle", "remove_and_settle"), ("decision", "fresh_gradients", "_kkt_terms")),
 )
+
+#: The kernels of :data:`CHANGE_PLAN` that only a deletion calls (``IncrementalSVDD.remove``'s
+#: one crossing, a root that calls the walk and the rest state again: 1.7 s of the 21 s the
+#: plan compiles in one process). A command that only admits leaves them to its first
+#: deletion (:func:`prepare_changes` with ``deletions=False``).
+DELETION_ONLY = ("remove_and_settle",)
 
 #: Seconds :func:`prepare_changes` waits for each step of its child process (about ten times
 #: the slowest first change measured, 27 s on an Intel Xeon) before it goes on without it.
@@ -122,18 +133,24 @@ def compile_kernels(names):
         dispatcher.compile(types)
 
 
-def prepare_changes():
+def prepare_changes(deletions=True):
     """Compile the kernels of a change ahead of it, in two processes at once, when Numba's
     cache does not hold them and the process may use two CPUs.
 
     The steps of :data:`CHANGE_PLAN` run in order; in each, one list of kernels compiles here
     while the other compiles in a child process (a fresh interpreter that imports this same
     package and writes the same Numba cache), and the next step waits for both. On an empty
-    cache, a first ``svtoolkit memory add`` took 13.3-13.8 s instead of 17.3-17.5 s on an
-    idle 2-core AMD EPYC (3 runs each); beside a busy process, 17.2-17.5 s instead of
-    17.3-17.9 s (the second core is taken). With a warm cache, or one CPU, it does nothing
-    (the kernels load, or compile, as they are first called). A child that fails or stops answering costs only time: what it
-    did not compile compiles here.
+    cache, a first ``svtoolkit memory add`` took 12.8 s idle on a 2-core Intel Xeon (about 21 s
+    of compilation in one process) and 16.3-17.0 s beside a busy process (the second core is
+    taken; two runs each). With a warm cache, or one CPU, it does nothing (the kernels load,
+    or compile, as they are first called). A child that fails or stops answering costs only
+    time: what it did not compile compiles here.
+
+    Parameters
+    ----------
+    deletions : bool, default True
+        Also the kernels only a deletion calls (:data:`DELETION_ONLY`); False for a change
+        that only admits (``svtoolkit memory add``).
 
     Returns
     -------
@@ -141,13 +158,17 @@ def prepare_changes():
         Whether a child process compiled.
     """
     kernels = change_kernels()
-    if _usable_cpus() < 2 or all(_cached(d) for d, _ in kernels.values()):
+    skip = () if deletions else DELETION_ONLY
+    plan = [tuple(tuple(name for name in side if name not in skip) for side in step)
+            for step in CHANGE_PLAN]
+    needed = [kernels[name][0] for step in plan for side in step for name in side]
+    if _usable_cpus() < 2 or all(_cached(d) for d in needed):
         return False
-    child = _start_compiling([there for _, there in CHANGE_PLAN])
+    child = _start_compiling([there for _, there in plan])
     watchdog = threading.Timer(PARALLEL_COMPILE_TIMEOUT, child.kill)
     watchdog.start()
     try:
-        for here, there in CHANGE_PLAN:
+        for here, there in plan:
             compile_kernels(here)
             if there:
                 child.stdout.readline()  # the child's step is done (or it died: b"")
@@ -158,7 +179,7 @@ def prepare_changes():
             child.kill()
         child.wait()
         child.stdout.close()
-    compile_kernels(name for _, there in CHANGE_PLAN for name in there)  # loaded
+    compile_kernels(name for _, there in plan for name in there)  # loaded
     return True
 
 
