@@ -163,6 +163,31 @@ def test_a_gram_free_landing_falls_back_to_the_active_set_too(monkeypatch):
     assert abs(_objective(s) - _objective(on_gram)) <= tol
 
 
+def test_the_active_sets_start_snaps_the_keys_that_nearly_meet_a_bound():
+    """The SMO iterate handed to the active set (``_active_set.snapped_start``): coefficients
+    within ``snap`` C of a bound go to it and sum(a) = 1 is restored by an equal share over the
+    others, so the start stays feasible with fewer free keys; where nothing would stay free,
+    or the share would leave the box, the iterate is kept as it is."""
+    from svtoolkit.exact._active_set import snapped_start
+
+    C, snap = 0.1, 1e-2  # snapped: within 1e-3 of a bound
+    a = np.array([C, C - 5e-4, 3e-4, 0.0] + [0.08002] * 10)  # sum 1 (to rounding)
+    b = snapped_start(a, C, snap)
+    np.testing.assert_array_equal(b[:4], [C, C, 0.0, 0.0])
+    share = b[4:] - a[4:]  # -(5e-4 - 3e-4) / 10 each
+    np.testing.assert_allclose(share, -2e-5, rtol=1e-9)
+    assert abs(b.sum() - 1.0) <= 16 * np.finfo(float).eps
+    assert 0.0 < b[4:].min() and b[4:].max() < C
+    # nothing would stay free: the iterate as it is
+    c = np.full(10, C)
+    np.testing.assert_array_equal(snapped_start(c, C, snap), c)
+    # nine keys snapped up to C take 8.9e-3 from three free keys, one of them at 2e-3: the
+    # share would leave the box, so the iterate is kept
+    d = np.array([C - 9.9e-4] * 9 + [2e-3, 0.053455, 0.053455])
+    assert abs(d.sum() - 1.0) < 1e-12
+    np.testing.assert_array_equal(snapped_start(d, C, snap), d)
+
+
 def test_a_rejected_landing_is_counted_and_named(monkeypatch):
     """A certificate no landing can meet: the replay builds the state, the fallback is on
     record and announced (it used to be visible only as n_bulk_builds staying 0)."""

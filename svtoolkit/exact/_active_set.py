@@ -21,6 +21,14 @@ import numpy as np
 #: largest (u the unit roundoff), so below that they carry no information about the matrix.
 ACTIVE_SET_RCOND = float(np.finfo(np.float64).eps)
 _U = ACTIVE_SET_RCOND / 2.0  # the unit roundoff
+#: A bulk landing's active set starts from the SMO iterate with every coefficient within this
+#: fraction of C of a bound put at it (:func:`snapped_start`). An SMO stopped short leaves many
+#: keys barely inside the box: on 5,000 2-D Gaussian keys (sigma = 0.1 x the median distance,
+#: nu = 0.01) 2,952 of them, whose equality system is numerically singular (every LU solution
+#: rejected, an SVD of 12 s each: not finished after 20 minutes); snapped at 1e-2 C, 1,203
+#: stay free and the method converged in 2,620 iterations by LU, 10 minutes beside another
+#: process. The method frees what the snap held wrongly, one key per iteration.
+ACTIVE_SET_START_SNAP = 1e-2
 
 
 def equality_solution(Kp, a, free):
@@ -71,6 +79,36 @@ def equality_solution(Kp, a, free):
             return x[1:], float(x[0])
     x = np.linalg.lstsq(M, rhs, rcond=ACTIVE_SET_RCOND)[0]  # LAPACK gelsd: an SVD
     return x[1:], float(x[0])
+
+
+def snapped_start(a, C, snap):
+    """A feasible start with fewer free keys: ``a`` with every coefficient within ``snap`` C of
+    a bound put at it and ``sum = 1`` restored by an equal share over the others.
+
+    Parameters
+    ----------
+    a : ndarray of shape (n,)
+        Feasible coefficients (sum 1, within [0, C]); not changed.
+    C : float
+    snap : float
+        Fraction of C.
+
+    Returns
+    -------
+    ndarray of shape (n,)
+        The snapped coefficients, or a copy of ``a`` where none would stay strictly inside
+        the box or the restored sum would leave it.
+    """
+    b = a.copy()
+    low, high = b <= snap * C, b >= C - snap * C
+    b[low], b[high] = 0.0, C
+    free = ~low & ~high
+    if not free.any():
+        return a.copy()
+    b[free] += (1.0 - b.sum()) / np.count_nonzero(free)
+    if b[free].min() <= 0.0 or b[free].max() >= C:
+        return a.copy()
+    return b
 
 
 def active_set(Kp, C, a, violation_tol, max_iter):

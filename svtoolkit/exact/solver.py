@@ -413,12 +413,14 @@ class IncrementalSVDD(WalkDriver):
     def _land_active_set(self, X, ids, Kp, a, reason):
         """The last resort of a landing (of up to ACTIVE_SET_MAX_KEYS keys, ``Kp`` their
         shifted Gram matrix) that was not accepted (``reason`` says why): the primal
-        active-set method from the SMO iterate ``a``, installed as the state
+        active-set method from the SMO iterate ``a`` (snapped to the bounds it nearly meets,
+        ``_active_set.snapped_start``), installed as the state
         (:meth:`_install_active_set`) and accepted at BULK_KKT_TOL like any landing. Returns
         None when accepted, else ``reason`` extended."""
         self._reset()
         self._place_keys(X, ids)
-        failure = self._install_active_set(Kp, a)
+        failure = self._install_active_set(
+            Kp, AS.snapped_start(a, self._C, AS.ACTIVE_SET_START_SNAP))
         if failure is not None:
             return f"{reason}; {failure}"
         self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
