@@ -273,3 +273,36 @@ def test_far_clusters_objective_is_not_above_an_smo(seed):
         bound, _ = smo(Kp, s.C, max_iter=2000)
         assert objective(Kp, s.alpha) - objective(Kp, bound) <= TOL_OBJ_REL * scale, step
         s.remove(int(s.ids[rng.integers(len(s))]))
+
+
+def test_a_refused_join_is_checked_within_its_work_budget_only(monkeypatch):
+    """An operation that refused a join as dependent on S without polishing is checked from
+    the keys while n |support| d <= DEGENERATE_CHECK_WORK, and not above it (there only a
+    polish, which evaluates as much itself, brings the check)."""
+    checks = []
+    real = IncrementalSVDD.kkt_residual
+
+    def counted(self):
+        checks.append(1)
+        return real(self)
+
+    for (k, m, jitter, seed), nu in itertools.product(FAR_GRID, (0.2, 0.5)):
+        X = far_clusters(k, m, jitter, seed)
+        s = IncrementalSVDD(1.0 / (nu * len(X)), 0.5)
+        for x in X:
+            refused, polishes = s.n_refused_joins, s.n_polishes
+            over = s.copy()  # counters start afresh in a copy
+            over_polishes = over.n_polishes
+            with monkeypatch.context() as patch:
+                patch.setattr(IncrementalSVDD, "kkt_residual", counted)
+                s.add(x)
+                if s.n_refused_joins == refused or s.n_polishes != polishes:
+                    checks.clear()
+                    continue
+                assert checks, "a refused join within the budget was not checked"
+                checks.clear()
+                patch.setattr(solver_module, "DEGENERATE_CHECK_WORK", 0)
+                over.add(x)
+                assert over.n_polishes == over_polishes and not checks
+            return
+    pytest.fail("no admission on the grid refused a join without polishing")

@@ -60,6 +60,13 @@ ACTIVE_SET_ITERATIONS_PER_KEY = 4
 #: many keys: the active set then forms the shifted Gram matrix once (512 MiB at 8192). Above
 #: it a landing that is not accepted is replayed key by key.
 ACTIVE_SET_MAX_KEYS = 8192
+#: An admission or deletion that refused a join as dependent on the margin set is checked from
+#: the keys (``IncrementalSVDD._settle_degenerate``) while that check, n |support| d
+#: multiply-adds, is at most this (about 20-50 ms on the 2-core machines); one that polished
+#: the inverse always is (the polish evaluated as much). On near-duplicate keys such joins are
+#: common (28 of 2,016 operations on the far-cluster grid refused one without polishing), and
+#: at 8,192 sentence embeddings (d = 384) with 2,500 support keys one check costs seconds.
+DEGENERATE_CHECK_WORK = 50_000_000
 #: :meth:`IncrementalSVDD.remove_many` solves the retained keys afresh by the bulk build when
 #: the batch is at least BULK_REMOVE_FRACTION of the keys held and the margin set at least
 #: BULK_REMOVE_MARGIN_SHARE of them: a decrement of a support key costs O(m^2) per event, so
@@ -627,15 +634,21 @@ class IncrementalSVDD(WalkDriver):
         REPAIR_FACTOR C kappa), and a badly conditioned margin set lets the maintained
         gradients drift from the keys: on tight clusters farther apart than the kernel
         width, states ended up to 1e-6 above the optimum with ``certified`` True. Where the
-        operation refused a join as dependent on S or polished the inverse (``marks``,
-        :meth:`_degenerate_marks` before it) the state is checked from the keys, one
-        O(n |support| d) evaluation - as much as the polish's own - and nothing otherwise;
+        operation polished the inverse, or refused a join as dependent on S while that costs
+        at most DEGENERATE_CHECK_WORK (``marks``, :meth:`_degenerate_marks` before it), the
+        state is checked from the keys, one O(n |support| d) evaluation - after a polish as
+        much as the polish's own - and nothing otherwise;
         above BULK_KKT_TOL the keys are solved by the active-set method from the walk's
         coefficients (up to ACTIVE_SET_MAX_KEYS keys, the warm-up anchor included), and that
         state is kept where its KKT residual is lower, else the walk's is put back.
         """
-        if marks == self._degenerate_marks() or self._n == 0 or self._n > ACTIVE_SET_MAX_KEYS:
+        refused, polishes = self._degenerate_marks()
+        if self._n == 0 or self._n > ACTIVE_SET_MAX_KEYS:
             return
+        if polishes == marks[1] and (
+                refused == marks[0]
+                or self._n * self.support_size * self._d > DEGENERATE_CHECK_WORK):
+            return  # nothing to check, or a refused join whose check would cost too much
         kkt = self.kkt_residual()
         if kkt <= BULK_KKT_TOL:
             return
