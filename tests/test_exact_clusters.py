@@ -196,9 +196,9 @@ FAR_GRID = [(k, m, jitter, seed) for k in (3, 5) for m in (6, 12) for jitter in 
             for seed in range(3)]
 
 #: The KKT residual every state on these clusters must meet. An operation that refused a join
-#: as dependent on S or polished the inverse is checked from the keys and brought to
-#: BULK_KKT_TOL by the active-set method (``IncrementalSVDD._settle_degenerate``); one that did
-#: neither is not checked, and what it can leave unseen is the rounding of its events in the
+#: as dependent on S (always within DEGENERATE_CHECK_WORK at these sizes) or polished the
+#: inverse is checked from the keys and brought to BULK_KKT_TOL by the active-set method
+#: (``IncrementalSVDD._settle_degenerate``); one that did neither is not checked, and what it can leave unseen is the rounding of its events in the
 #: maintained gradients: about u / POLISH_PIVOT ~ 1e-11 per event (a smaller pivot makes the
 #: walk polish), over at most a few hundred events here (163 measured) - under 1e-8. The states
 #: before the polish existed reached 1.1e-6.
