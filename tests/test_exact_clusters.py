@@ -198,10 +198,11 @@ FAR_GRID = [(k, m, jitter, seed) for k in (3, 5) for m in (6, 12) for jitter in 
 #: The KKT residual every state on these clusters must meet. An operation that refused a join
 #: as dependent on S (always within DEGENERATE_CHECK_WORK at these sizes) or polished the
 #: inverse is checked from the keys and brought to BULK_KKT_TOL by the active-set method
-#: (``IncrementalSVDD._settle_degenerate``); one that did neither is not checked, and what it can leave unseen is the rounding of its events in the
-#: maintained gradients: about u / POLISH_PIVOT ~ 1e-11 per event (a smaller pivot makes the
-#: walk polish), over at most a few hundred events here (163 measured) - under 1e-8. The states
-#: before the polish existed reached 1.1e-6.
+#: (``IncrementalSVDD._settle_degenerate``); one that did neither is not checked, and what it
+#: can leave unseen is the rounding of its events in the maintained gradients: about
+#: u / POLISH_PIVOT ~ 1e-11 per event (a smaller pivot makes the walk polish), over at most a
+#: few hundred events here (163 measured) - under 1e-8. The states before the polish existed
+#: reached 1.1e-6.
 FAR_KKT_TOL = 1e-8
 
 
@@ -306,3 +307,41 @@ def test_a_refused_join_is_checked_within_its_work_budget_only(monkeypatch):
                 assert over.n_polishes == over_polishes and not checks
             return
     pytest.fail("no admission on the grid refused a join without polishing")
+
+
+def test_the_refused_warm_up_admission_on_far_clusters_is_taken():
+    """Five clusters of six keys (jitter 1e-5, d = 6) admitted in cluster order at sigma =
+    0.5, C = 1 / 15: in warm-up the 14th admission's walk ends on a rest state that breaks
+    sum(a) = 1, and with no fresh solve for n C < 1 it was refused; now the anchored problem
+    is solved afresh (``_build_anchored``) and every admission is taken, exact."""
+    X = far_clusters(5, 6, 1e-5, 0)
+    s = IncrementalSVDD(1.0 / 15.0, 0.5)
+    for i, x in enumerate(X):
+        assert s.add(x) == i
+    assert s.certified and s.kkt_residual() <= FAR_KKT_TOL
+
+
+def test_an_active_set_polish_that_does_not_improve_leaves_the_walks_state(monkeypatch):
+    """``_settle_degenerate`` keeps the active set's state only where its KKT residual is
+    lower; when the active set fails, the walk's coefficients, gradients and rho are put back
+    bit for bit (the inverse is factorised afresh)."""
+    X = far_clusters(3, 6, 1e-5, 0)
+    C = 1.0 / (0.2 * len(X))
+    tried = []
+
+    def failing(self, Kp, a):
+        tried.append(len(a))
+        return "forced"
+
+    monkeypatch.setattr(IncrementalSVDD, "_install_active_set", failing)
+    s, walked = IncrementalSVDD(C, 0.5), IncrementalSVDD(C, 0.5)
+    walked._settle_degenerate = lambda marks: None
+    for x in X:
+        s.add(x)
+        walked.add(x)
+        if tried:
+            break
+    assert tried, "no operation went to the active set"
+    np.testing.assert_array_equal(s.alpha, walked.alpha)
+    np.testing.assert_array_equal(s._grad[:s._n], walked._grad[:walked._n])
+    assert s.rho == walked.rho and s.n_active_set_polishes == 0

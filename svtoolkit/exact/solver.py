@@ -318,8 +318,6 @@ class IncrementalSVDD(WalkDriver):
         a = np.full(n + 1, self._C)
         a[n] = 1.0 - a[:n].sum()
         if self._install_active_set(Kp, a) is None and self.kkt_residual() <= BULK_KKT_TOL:
-            self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
-            self._order_cache = None
             self._next_id = int(ids[-1]) + 1
             self.n_active_set_builds += 1
             return True
@@ -360,14 +358,14 @@ class IncrementalSVDD(WalkDriver):
             inv_s2 = self._fs[W._INV_SIGMA2]
             if n <= BULK_MAX_KEYS:
                 Kp, start, converged = L.smo_on_gram(self._Xt, n, inv_s2, self._C)
-                self._land_bulk(ids, Kp, start.copy())
+                self._land_bulk(Kp, start.copy())
                 kkt = self.kkt_residual()
             else:
                 cached = L.smo_gram_free(self._Xt, n, inv_s2, self._C)
                 start = cached[0].copy()
                 if not cached[4]:
                     raise SolverFailure("the bulk SMO did not converge")
-                converged, kkt = True, self._land_bulk_cached(ids, *cached[:4])
+                converged, kkt = True, self._land_bulk_cached(*cached[:4])
             for _ in range(BULK_POLISH_ROUNDS if kkt > BULK_KKT_TOL else 0):
                 kkt = self._polish_landing()
                 if kkt <= BULK_KKT_TOL:
@@ -403,19 +401,23 @@ class IncrementalSVDD(WalkDriver):
         return self.kkt_residual()
 
     def _place_keys(self, X, ids):
+        """Put keys ``X`` with ``ids`` in the first slots of an empty solver (one slot spare),
+        with their id -> slot map."""
         n = len(X)
         self._ensure_slots(n + 1)
         self._Xt[:, :n] = X.T
         self._ids[:n] = ids
         self._ist[W._N] = n
+        self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
+        self._order_cache = None
 
-    def _land_bulk(self, ids, Kp, a):
+    def _land_bulk(self, Kp, a):
         """The bulk landing from ``_landing.smo_on_gram``'s shifted Gram matrix ``Kp`` and
         iterate ``a`` (changed in place), the keys placed; it proceeds from the SMO's last
         iterate whether or not the SMO met its tolerance."""
         order = self._snap_partition(a)
         factorised = self._margin_from_rows(Kp[order], order, a)
-        self._rest_from_field(a, 2.0 * (Kp @ a), ids, factorised)
+        self._rest_from_field(a, 2.0 * (Kp @ a), factorised)
 
     def _land_active_set(self, X, ids, Kp, a, reason):
         """The last resort of a landing (of up to ACTIVE_SET_MAX_KEYS keys, ``Kp`` their
@@ -430,8 +432,6 @@ class IncrementalSVDD(WalkDriver):
             Kp, AS.snapped_start(a, self._C, AS.ACTIVE_SET_START_SNAP))
         if failure is not None:
             return f"{reason}; {failure}"
-        self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
-        self._order_cache = None
         kkt = self.kkt_residual()
         if kkt > BULK_KKT_TOL:
             return reason + f"; the active-set fallback ended at a KKT residual of {kkt:.2g}"
@@ -478,7 +478,7 @@ class IncrementalSVDD(WalkDriver):
         self._ist[W._SETTLED] = self._ist[W._EVENTS]  # at rest: nothing left to settle
         return None
 
-    def _land_bulk_cached(self, ids, a, a0, g0, grad):
+    def _land_bulk_cached(self, a, a0, g0, grad):
         """The Gram-free bulk landing from ``_landing.smo_gram_free``'s iterate ``a`` (changed
         in place), start ``a0``, start gradients ``g0`` and maintained gradients ``grad``, the
         keys placed; returns the KKT residual of its certificate.
@@ -488,13 +488,13 @@ class IncrementalSVDD(WalkDriver):
         evaluation computes, grouped by linearity). Memory O(n (d + cache columns + m)) with m
         the margin set.
         """
-        n, inv_s2 = len(ids), self._fs[W._INV_SIGMA2]
+        n, inv_s2 = len(a), self._fs[W._INV_SIGMA2]
         a_smo = a.copy()
         order = self._snap_partition(a)
         factorised = self._margin_from_rows(L.margin_rows(self._Xt, n, inv_s2, order), order, a)
         # the snaps and the keys kept at a bound
         grad += L.kernel_sums(self._Xt, n, inv_s2, a - a_smo)
-        self._rest_from_field(a, grad, ids, factorised)
+        self._rest_from_field(a, grad, factorised)
         fresh = g0 + L.kernel_sums(self._Xt, n, inv_s2, self._alpha[:n] - a0) + self._fs[W._RHO]
         return self._kkt_from(fresh)
 
@@ -519,7 +519,7 @@ class IncrementalSVDD(WalkDriver):
         self._ist[W._M] = m
         return factorised
 
-    def _rest_from_field(self, a, field, ids, factorised):
+    def _rest_from_field(self, a, field, factorised):
         """Coefficients a, gradients field + rho' (field = 2 K' a), then the walk's rest."""
         n = len(a)
         self._alpha[:n] = a
@@ -530,8 +530,6 @@ class IncrementalSVDD(WalkDriver):
         if not np.isfinite(self._fs[W._MIN_PIVOT]) or self._fs[W._MIN_PIVOT] >= W.POLISH_PIVOT:
             self._fs[W._MIN_PIVOT] = np.inf
         self._ist[W._SETTLED] = -1
-        self._slot_of = {int(i): slot for slot, i in enumerate(ids)}
-        self._order_cache = None
         self._settle(polish_allowed=not factorised)
 
     def extend(self, X):
