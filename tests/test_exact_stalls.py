@@ -368,3 +368,63 @@ def test_an_admission_in_warm_up_whose_walk_fails_is_solved_afresh_not_refused(m
     for x in np.random.default_rng(46).standard_normal((4, 3)):  # on out of warm-up
         s.add(x)
     assert s.certified and s.kkt_residual() <= KKT_EXACT
+
+
+def _with_probe_floor(s, floor, seed):
+    """Add symmetric noise to the margin block of ``s``'s inverse so that its probe reads
+    about ``floor``, as a fresh inverse of a large margin set does; returns that probe."""
+    m = s._m
+    noise = np.random.default_rng(seed).standard_normal((m, m))
+    s._R[1: m + 1, 1: m + 1] += floor * 1e-2 * (noise + noise.T)
+    return W.inverse_probe_residual(s._R, m, s._S, s._KSt, np.zeros(m + 1), np.zeros(m + 1))
+
+
+def test_the_probe_threshold_follows_a_well_conditioned_floor_above_the_ceiling():
+    """Every margin key's Schur complement is ~2 (keys far apart in d = 64: K is nearly I);
+    an inverse probing at 5e-9 - the size of a fresh inverse's floor at 4,000 such keys of
+    d = 384 - gets a threshold of 4x that probe. Under the ceiling PROBE_TOL_MAX that applied
+    to every margin set, each later operation polished twice without lowering the probe."""
+    X = np.random.default_rng(47).standard_normal((60, 64))
+    s = IncrementalSVDD(1.0 / 30.0, 1.0)
+    s.extend(X)
+    assert len(s.margin_ids) == 60
+    assert np.min(1.0 / np.abs(np.diag(s._R)[1:61])) > W.POLISH_PIVOT
+    probe = _with_probe_floor(s, 5e-9, 48)
+    assert probe > W.PROBE_TOL_MAX
+    s._calibrate_probe()
+    assert s._fs[W._PROBE_LIMIT] == 4.0 * probe
+
+
+def test_the_probe_threshold_keeps_its_ceiling_while_a_margin_key_has_a_near_twin():
+    """Two keys 1e-3 sigma apart, both on the margin (Schur complement ~4e-6, below
+    POLISH_PIVOT): the same probe keeps the threshold at PROBE_TOL_MAX, so operations polish
+    and refresh the gradients that the steps' ~eps / pivot rounding reaches."""
+    X = np.random.default_rng(47).standard_normal((60, 64))
+    X[1] = X[0] + 1e-3 / np.sqrt(64)
+    s = IncrementalSVDD(1.0 / 30.0, 1.0)
+    s.extend(X)
+    assert {0, 1} <= set(s.margin_ids.tolist())
+    m = s._m
+    assert np.min(1.0 / np.abs(np.diag(s._R)[1: m + 1])) < W.POLISH_PIVOT
+    assert _with_probe_floor(s, 5e-9, 48) > W.PROBE_TOL_MAX
+    s._calibrate_probe()
+    assert s._fs[W._PROBE_LIMIT] == W.PROBE_TOL_MAX
+
+
+@pytest.mark.slow
+def test_deletions_among_4000_margin_keys_of_d_384_do_not_polish():
+    """4,000 keys of d = 384 at sigma = 0.1 x their median distance (every key on the margin):
+    a fresh inverse probes at about 1.6e-9. Before the threshold followed that floor past
+    PROBE_TOL_MAX, each operation polished twice (11.6 s each; a deletion now none), and the
+    states after it are the fresh solve's to the bordered solve's rounding."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((4000, 384))
+    sigma = 0.1 * float(np.median(pdist(X[:400])))
+    s = IncrementalSVDD(1.0 / 2000.0, sigma)
+    s.extend(X)
+    assert len(s.margin_ids) == 4000 and s._fs[W._PROBE_LIMIT] > W.PROBE_TOL_MAX
+    polishes = s.n_polishes
+    for victim in rng.choice(4000, 4, replace=False):
+        s.remove(int(victim))
+    assert s.n_polishes == polishes
+    assert s.consistency().kkt_residual <= KKT_EXACT

@@ -410,7 +410,8 @@ class WalkDriver:
 
     def _calibrate_probe(self):
         """Set the probe thresholds from a freshly factorised inverse (``_walk.calibrate_probe``:
-        4x its own probe within [PROBE_TOL, PROBE_TOL_MAX]; the in-walk refresh's back to
+        4x its own probe, at least PROBE_TOL and, while a margin key's Schur complement is below
+        POLISH_PIVOT, at most PROBE_TOL_MAX; the in-walk refresh's back to
         REFRESH_PROBE_TOL). Without it a large margin set whose fresh inverse already probes
         above PROBE_TOL (1.1e-11 at m = 2048) would polish after every operation without
         improving anything."""

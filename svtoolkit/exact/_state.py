@@ -100,14 +100,13 @@ def stored_fs(state, version):
         if isinstance(probe_tol, (bool, np.bool_)) or not isinstance(probe_tol, numbers.Real):
             raise ValueError(f"state['probe_tol'] must be a real number; got {probe_tol!r}")
         fs = np.append(fs, [float(probe_tol), W.REFRESH_PROBE_TOL])
-        if not W.PROBE_TOL <= fs[W._PROBE_LIMIT] <= W.PROBE_TOL_MAX:
+        if not W.PROBE_TOL <= fs[W._PROBE_LIMIT] < 1.0:
             raise ValueError(f"state['probe_tol'] = {probe_tol!r} is outside "
-                             f"[{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
+                             f"[{W.PROBE_TOL}, 1)")
         return fs
-    if not W.PROBE_TOL <= fs[W._PROBE_LIMIT] <= W.PROBE_TOL_MAX:
+    if not W.PROBE_TOL <= fs[W._PROBE_LIMIT] < 1.0:  # 1: an inverse wrong outright
         raise ValueError(f"state['fs'] holds the rest state's probe threshold "
-                         f"{float(fs[W._PROBE_LIMIT])!r}, outside "
-                         f"[{W.PROBE_TOL}, {W.PROBE_TOL_MAX}]")
+                         f"{float(fs[W._PROBE_LIMIT])!r}, outside [{W.PROBE_TOL}, 1)")
     if not W.REFRESH_PROBE_TOL <= fs[W._REFRESH_LIMIT] < 1.0:  # 1: an inverse wrong outright
         raise ValueError(f"state['fs'] holds the in-walk refresh's probe threshold "
                          f"{float(fs[W._REFRESH_LIMIT])!r}, outside [{W.REFRESH_PROBE_TOL}, 1)")
