@@ -19,7 +19,10 @@ distance x {1, 0.3, 0.1} (the last gives |S| close to n), ``extend`` of all n ke
 solver (the bulk path: SMO on the Gram matrix and an exact landing) against a scikit-learn fit
 of the same keys and, at n = 512, against the walk replaying the keys one at a time; then the
 median exact deletion against a scikit-learn refit. The bulk build's partition and coefficients
-are checked against the walked build where it is timed (n = 512).
+are checked against the walked build where it is timed (n = 512). Then the same for n = 4,000
+keys in d = 384 at sigma = 0.1 x median distance (``--wide-build-sizes``): the kernel matrix is
+nearly the identity and every key is on the margin; each row says how many polishes (fresh
+O(m^3) factorisations) its timed deletions took.
 
 A third table, **large bulk builds**: n = 10^5 Gaussian keys in d = 16 and 6 (sigma = median
 distance of the first 1,000, nu = 0.3) with C = 1 / (nu n0) for n0 = n (about 30 % of the keys
@@ -36,8 +39,9 @@ of the scikit-learn ratio over all runs.
 JIT compilation is excluded (svtoolkit.warmup() and one untimed call of each peer first).
 
 Usage: python benchmarks/exact_solver.py [--sizes 120 256 512 1024] [--deletions 45]
-       [--refits 10] [--table-runs 5] [--build-sizes 512 2048] [--build-runs 3] [--large-n 100000]
-       [--large-d 16 6] [--large-runs 3] [--large-sklearn-runs 1] [--large-sklearn-n0 1000]
+       [--refits 10] [--table-runs 5] [--build-sizes 512 2048] [--wide-build-sizes 4000]
+       [--build-runs 3] [--large-n 100000] [--large-d 16 6] [--large-runs 3]
+       [--large-sklearn-runs 1] [--large-sklearn-n0 1000]
 Writes benchmarks/results/exact_solver.json and exact_solver.md.
 """
 
@@ -60,6 +64,8 @@ from svtoolkit.reference import decision_function, solve_svdd  # noqa: E402
 
 D = 6
 NU = 0.4
+#: Dimension of the builds table's rows with every key on the margin.
+WIDE_D = 384
 
 
 def median_distance(X):
@@ -190,10 +196,10 @@ def _walked_build(X, C, sigma):
         solver_module.BULK_MIN_KEYS = saved
 
 
-def run_build(n, scale, runs, seed):
+def run_build(n, scale, runs, seed, d=D):
     """One row of the builds / large-margin-set table (see the module docstring)."""
     rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, D))
+    X = rng.standard_normal((n, d))
     sigma = scale * median_distance(X[:512])
     C = 1.0 / (NU * n)
     builds, fits = [], []
@@ -201,7 +207,7 @@ def run_build(n, scale, runs, seed):
         solver, dt = timed(_build, X, C, sigma)
         builds.append(dt)
         fits.append(timed(sklearn_refit, X, C, sigma)[1])
-    row = {"n": n, "sigma_scale": scale, "sigma": sigma, "C": C,
+    row = {"n": n, "d": d, "sigma_scale": scale, "sigma": sigma, "C": C,
            "margin": len(solver.margin_ids), "bulk_built": solver.n_bulk_builds == 1,
            "extend": stats(builds), "sklearn_fit": stats(fits),
            "extend_over_sklearn": float(np.median(builds) / np.median(fits)),
@@ -213,13 +219,16 @@ def run_build(n, scale, runs, seed):
         row["bulk_vs_walk_same_partition"] = bool(
             np.array_equal(walked.margin_ids, solver.margin_ids)
             and np.array_equal(walked.error_ids, solver.error_ids))
-    deletions = []
+    deletions, polishes = [], 0
     for _ in range(max(5, runs)):
         victim = int(solver.margin_ids[rng.integers(len(solver.margin_ids))]) \
             if len(solver.margin_ids) else int(solver.ids[0])
+        before = solver.n_polishes
         deletions.append(timed(solver.remove, victim)[1])
-        solver.add(rng.standard_normal(D))  # untimed: keep n fixed
+        polishes += solver.n_polishes - before
+        solver.add(rng.standard_normal(d))  # untimed: keep n fixed
     row["delete_margin"] = stats(deletions)
+    row["delete_polishes"] = polishes
     row["sklearn_refit_over_delete"] = float(np.median(fits) / np.median(deletions))
     return row
 
@@ -294,17 +303,19 @@ def large_table(rows):
 
 def build_table(rows):
     lines = [
-        r"| n | sigma / median | \|S\| | extend (bulk) s | sklearn fit s | extend / sklearn "
-        "| walked extend s | delete ms | sklearn refit / delete | KKT |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        r"| n | d | sigma / median | \|S\| | extend (bulk) s | sklearn fit s | extend / sklearn "
+        "| walked extend s | delete ms (polishes) | sklearn refit / delete | KKT |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         walked = f"{r['walked_extend_seconds']:.2f}" if "walked_extend_seconds" in r else "—"
         lines.append(
-            f"| {r['n']} | {r['sigma_scale']} | {r['margin']} | {r['extend']['median']:.3f} "
+            f"| {r['n']} | {r['d']} | {r['sigma_scale']} | {r['margin']} "
+            f"| {r['extend']['median']:.3f} "
             f"({r['extend']['min']:.3f}-{r['extend']['max']:.3f}) "
             f"| {r['sklearn_fit']['median']:.3f} | {r['extend_over_sklearn']:.1f}× | {walked} "
-            f"| {fmt_ms(r['delete_margin']['median'])} | {r['sklearn_refit_over_delete']:.1f}× "
+            f"| {fmt_ms(r['delete_margin']['median'])} ({r['delete_polishes']}) "
+            f"| {r['sklearn_refit_over_delete']:.1f}× "
             f"| {r['kkt_residual']:.0e} |")
     return "\n".join(lines)
 
@@ -369,6 +380,9 @@ def main(argv=None):
                         help="run the deletion table this many times (same keys): the table "
                              "shows the first run, its ratio columns the spread over all")
     parser.add_argument("--build-sizes", type=int, nargs="*", default=[512, 2048])
+    parser.add_argument("--wide-build-sizes", type=int, nargs="*", default=[4000],
+                        help="n of the d = 384 rows (sigma 0.1 x median: every key on the "
+                             "margin)")
     parser.add_argument("--build-runs", type=int, default=3)
     parser.add_argument("--large-n", type=int, nargs="*", default=[100_000])
     parser.add_argument("--large-d", type=int, nargs="*", default=list(LARGE_D))
@@ -406,6 +420,12 @@ def main(argv=None):
             print(f"n={n} sigma x{scale}: |S|={r['margin']} extend/sklearn "
                   f"{r['extend_over_sklearn']:.1f}x, refit/delete "
                   f"{r['sklearn_refit_over_delete']:.1f}x", flush=True)
+    for n in args.wide_build_sizes:
+        r = run_build(n, 0.1, args.build_runs, seed=n + 2, d=WIDE_D)
+        builds.append(r)
+        print(f"n={n} d={WIDE_D}: |S|={r['margin']} extend/sklearn "
+              f"{r['extend_over_sklearn']:.1f}x, refit/delete "
+              f"{r['sklearn_refit_over_delete']:.1f}x", flush=True)
     large = []
     for n in args.large_n:
         for d in args.large_d:
