@@ -99,3 +99,18 @@ def test_a_format_3_state_loads_with_its_probe_threshold_and_takes_the_same_step
         solver.remove(solver.margin_ids[0])
         solver.add(x)
     assert_same_state(restored, s)
+
+
+def test_a_probe_threshold_above_the_old_ceiling_is_restored():
+    """A well-conditioned margin set whose fresh inverse probes above PROBE_TOL_MAX / 4 keeps
+    4x that probe as its threshold; ``copy()`` and ``from_state_dict`` carry it (the loader
+    used to refuse thresholds above PROBE_TOL_MAX). The threshold is set here as such a
+    calibration would set it."""
+    import svtoolkit.exact._walk as W
+
+    s = IncrementalSVDD(1.0 / 30.0, 1.0)
+    s.extend(np.random.default_rng(47).standard_normal((60, 64)))
+    s._fs[W._PROBE_LIMIT] = 2.5e-8
+    for restored in (s.copy(), IncrementalSVDD.from_state_dict(s.state_dict())):
+        assert_same_state(restored, s)
+        assert restored._fs[W._PROBE_LIMIT] == 2.5e-8
