@@ -48,6 +48,9 @@ from svtoolkit import IncrementalSVDD, rbf_kernel
 from svtoolkit.data import gaussian_keys, redundant_keys
 from svtoolkit.torch import fista_svdd, partition_masks, ridged_svdd_solve
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import median_distance  # noqa: E402
+
 RESULTS = Path(__file__).with_name("results")
 SEED = 20261130
 D = 6
@@ -80,12 +83,6 @@ REGIMES = {
 # --------------------------------------------------------------------------------------------
 # one problem
 # --------------------------------------------------------------------------------------------
-
-
-def median_distance(X):
-    diff = X[:, None, :] - X[None, :, :]
-    dist = np.sqrt((diff * diff).sum(-1))
-    return float(np.median(dist[np.triu_indices(len(X), 1)]))
 
 
 def exact_problem(keys, C, sigma, rng):

@@ -56,7 +56,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_ms, fmt_us, machine_info, stats, timed, write_json, write_text  # noqa: E402
+from _common import (  # noqa: E402
+    fmt_ms,
+    fmt_us,
+    machine_info,
+    median_distance,
+    stats,
+    timed,
+    write_json,
+    write_text,
+)
 
 import svtoolkit  # noqa: E402
 from svtoolkit import IncrementalSVDD, rbf_kernel  # noqa: E402
@@ -66,12 +75,6 @@ D = 6
 NU = 0.4
 #: Dimension of the builds table's rows with every key on the margin.
 WIDE_D = 384
-
-
-def median_distance(X):
-    diff = X[:, None, :] - X[None, :, :]
-    dist = np.sqrt((diff**2).sum(-1))
-    return float(np.median(dist[np.triu_indices(len(X), 1)]))
 
 
 def sklearn_refit(keys, C, sigma):

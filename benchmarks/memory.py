@@ -102,7 +102,7 @@ for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, stats, timed, write_json, write_text  # noqa: E402
+from _common import machine_info, median_distance, stats, timed, write_json, write_text  # noqa: E402
 
 from svtoolkit import IncrementalSVDD, warmup  # noqa: E402
 from svtoolkit.experiments import record  # noqa: E402
@@ -123,8 +123,7 @@ def keys(n, d_intrinsic, d, rng):
 
 def median_sigma(Z, rng):
     idx = rng.choice(len(Z), size=min(len(Z), 400), replace=False)
-    D = np.sqrt(((Z[idx, None] - Z[None, idx]) ** 2).sum(-1))
-    return float(np.median(D[np.triu_indices(len(idx), 1)]))
+    return median_distance(Z[idx])
 
 
 def build_memory(X, sigma):

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, write_json, write_text  # noqa: E402
+from _common import machine_info, median_distance, write_json, write_text  # noqa: E402
 
 from svtoolkit.memory import Client, ForgettableMemory  # noqa: E402
 
@@ -64,8 +64,7 @@ def keys(n, d_intrinsic, d, rng):
 
 def median_sigma(Z, rng):
     idx = rng.choice(len(Z), size=min(len(Z), 400), replace=False)
-    D = np.sqrt(((Z[idx, None] - Z[None, idx]) ** 2).sum(-1))
-    return float(np.median(D[np.triu_indices(len(idx), 1)]))
+    return median_distance(Z[idx])
 
 
 def build_store(path, n, d, n0, rng):
