@@ -14,6 +14,8 @@ which is why it is the last resort and not the rule.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: Singular values of the bordered matrix below this times the largest are its rounding and are
@@ -167,3 +169,45 @@ def active_set(Kp, C, a, violation_tol, max_iter):
             return free, rho_shifted, True
         free[k] = True
     return free, rho_shifted, False
+
+
+def merge_twins(Xt, a, free, upper):
+    """Exact duplicates among the free keys, all but one held on a bound (in place).
+
+    Keys with equal coordinates have equal kernel rows, so only their total coefficient
+    enters the objective and every gradient: the active-set method's minimum-norm solve
+    shares it among them, which leaves the bordered matrix of the free keys exactly singular
+    (equal rows), and the walk needs it invertible. Per group of equal free keys (ascending
+    slots) the total T is put back as ``floor(T / C)`` keys at C, one key with the remainder
+    (free when it is positive) and the others at 0: the same objective and gradients, each
+    held key's gradient that of the free one (0), which satisfies either bound's sign
+    condition. The warm-up anchor (``upper = inf``) is no key and is never merged.
+
+    Parameters
+    ----------
+    Xt : ndarray of shape (d, n)
+        The keys as columns.
+    a : ndarray of shape (n,)
+        Coefficients (the active set's result); updated.
+    free : ndarray of bool, shape (n,)
+        The free keys; updated.
+    upper : ndarray of shape (n,)
+        Upper bounds.
+    """
+    F = np.flatnonzero(free & np.isfinite(upper))
+    if len(F) < 2:
+        return
+    _, group = np.unique(Xt[:, F].T, axis=0, return_inverse=True)
+    group = group.ravel()
+    for g in np.flatnonzero(np.bincount(group) > 1):
+        members = F[group == g]
+        C = float(upper[members[0]])
+        total = math.fsum(a[members].tolist())
+        full = min(int(total // C), len(members))
+        remainder = total - full * C
+        a[members] = 0.0
+        a[members[:full]] = C
+        free[members] = False
+        if full < len(members) and remainder > 0.0:
+            a[members[full]] = remainder
+            free[members[full]] = True

@@ -178,11 +178,28 @@ class WalkDriver:
         }[code]
         raise SolverFailure(reason)
 
+    def _singular(self, exc):
+        """The SolverFailure of a margin matrix that a refactorisation inside a walk or its
+        rest state found singular to working precision (``np.linalg.LinAlgError``: an
+        in-walk refresh or a polish of keys that rounding makes dependent, e.g. many exact
+        duplicates of a few keys under a kernel much wider than their spread). The walk
+        stopped part way, so it is a failure like any other: the caller's fallback (a fresh
+        solve, or the state held before) takes over."""
+        self._ist[W._CUR_C] = -1
+        # the id -> slot map and the id-order cache may miss a slot deletion of the kernel:
+        # the fallback reads the held keys from the arrays (``_held_keys``), which hold them
+        self._order_cache = None
+        return SolverFailure(f"the margin set's bordered matrix is singular to working "
+                             f"precision ({exc})")
+
     def _walk(self, c, mode, kc_ready=False):
         """Run one exact walk of slot c, then relax any sign violators (see _rest.repair)."""
-        code = W.walk(*self._arrays(), c, mode, kc_ready, self._event_limit())
-        while self._check(code):
-            code = W.walk(*self._arrays(), c, mode, False, self._event_limit())
+        try:
+            code = W.walk(*self._arrays(), c, mode, kc_ready, self._event_limit())
+            while self._check(code):
+                code = W.walk(*self._arrays(), c, mode, False, self._event_limit())
+        except np.linalg.LinAlgError as exc:
+            raise self._singular(exc) from exc
 
     def _insert(self, x, new_id, is_anchor=False):
         self._ensure_slots(self._n + 1)
@@ -302,7 +319,10 @@ class WalkDriver:
                     self._ist[W._CUR_C] = -1
                     raise SolverFailure(f"the rest state took more than its budget of "
                                         f"{self._event_budget} events")
-            code = settle(*self._arrays(), limit, repairs, polishes < W.SETTLE_POLISHES)
+            try:
+                code = settle(*self._arrays(), limit, repairs, polishes < W.SETTLE_POLISHES)
+            except np.linalg.LinAlgError as exc:
+                raise self._singular(exc) from exc
             if code == W.NEED_POLISH:
                 self._polish()
                 polishes += 1
@@ -351,8 +371,11 @@ class WalkDriver:
     def _remove_slot(self, slot, key_id):
         """Walk slot to 0, delete it and settle: one kernel call (``_rest.remove_and_settle``)
         unless the walk needs more margin capacity or the settle a polish."""
-        moved, code = remove_and_settle(*self._arrays(), slot, self._event_limit(),
-                                          10 * self._n)
+        try:
+            moved, code = remove_and_settle(*self._arrays(), slot, self._event_limit(),
+                                              10 * self._n)
+        except np.linalg.LinAlgError as exc:  # before or after the slot's deletion
+            raise self._singular(exc) from exc
         if moved == -2:  # the walk stopped: resume it the usual way
             self._check(code)
             self._walk(slot, W.REMOVE)
@@ -398,13 +421,18 @@ class WalkDriver:
         gradients then hold the true equality residuals, which ``_rest.correct`` removes by a
         walk that respects the bounds). Used when a step ran on small pivots, whose rounding
         (~eps / pivot) the maintained state inherited. Cost O(m^3 + n |support| d).
+        SolverFailure (:meth:`_singular`) when the bordered matrix is singular to working
+        precision.
         """
         self._fs[W._MIN_PIVOT] = np.inf
         self._ist[W._SETTLED] = -1  # the refreshed state must be settled in full
         m, n = self._m, self._n
         self.n_polishes += 1
         if m > 0:
-            self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+            try:
+                self._R[: m + 1, : m + 1] = np.linalg.inv(self._bordered())
+            except np.linalg.LinAlgError as exc:
+                raise self._singular(exc) from exc
             self._calibrate_probe()
         self._grad[:n] = self._fresh_gradients()
 

@@ -455,6 +455,7 @@ class IncrementalSVDD(WalkDriver):
             ACTIVE_SET_ITERATIONS_PER_KEY * n + BULK_LANDING_MIN_EVENTS)
         if not converged:
             return "the active-set fallback did not converge"
+        AS.merge_twins(self._Xt[:, :n], a, free, upper)
         inside = (a > 0.0) & (a < upper)
         ended = free & ~inside  # ended on a bound: held there
         a[ended] = np.where(a[ended] <= 0.0, 0.0, upper[ended])
@@ -473,8 +474,8 @@ class IncrementalSVDD(WalkDriver):
         self._fs[W._RHO] = rho_shifted
         try:
             self._polish()  # the inverse factorised, every gradient from the keys
-        except np.linalg.LinAlgError as exc:
-            return f"the active-set state's margin matrix is singular: {exc}"
+        except SolverFailure as exc:
+            return f"the active-set state: {exc}"
         self._ist[W._SETTLED] = self._ist[W._EVENTS]  # at rest: nothing left to settle
         return None
 
