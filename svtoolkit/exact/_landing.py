@@ -137,8 +137,9 @@ def factor_margin(rows, order, S, spos, status, KSt, R, ist):
         inverse = np.linalg.inv(M)
     except np.linalg.LinAlgError:
         return 0
+    # 1 / |R_kk| < KAPPA_TOL, written without the division (an R_kk of exactly 0 occurs)
     if not np.isfinite(inverse).all() \
-            or np.min(1.0 / np.abs(np.diag(inverse)[1:])) < W.KAPPA_TOL:
+            or np.max(np.abs(np.diag(inverse)[1:])) > 1.0 / W.KAPPA_TOL:
         return 0
     R[: m + 1, : m + 1] = inverse
     KSt[:m, : rows.shape[1]] = rows
