@@ -28,12 +28,15 @@ def _environ(**changes):
 
 
 def _zipped_package(tmp_path):
-    """svtoolkit's __init__ and _jit in a zip archive: a package directory no one can write to
-    (not even root, unlike a directory without write permission)."""
+    """svtoolkit's sources in a zip archive: a package directory no one can write to (not even
+    root, unlike a directory without write permission). All of them: an editable install
+    would supply a missing submodule from the checkout, a regular install (an sdist's) not."""
     archive = tmp_path / "svtoolkit.zip"
+    package = ROOT / "svtoolkit"
     with zipfile.ZipFile(archive, "w") as z:
-        for name in ("__init__.py", "_jit.py"):
-            z.write(ROOT / "svtoolkit" / name, f"svtoolkit/{name}")
+        for path in sorted(package.rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                z.write(path, f"svtoolkit/{path.relative_to(package).as_posix()}")
     return archive
 
 
