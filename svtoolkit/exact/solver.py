@@ -424,19 +424,26 @@ class IncrementalSVDD(WalkDriver):
         shifted Gram matrix) that was not accepted (``reason`` says why): the primal
         active-set method from the SMO iterate ``a`` (snapped to the bounds it nearly meets,
         ``_active_set.snapped_start``), installed as the state
-        (:meth:`_install_active_set`) and accepted at BULK_KKT_TOL like any landing. Returns
-        None when accepted, else ``reason`` extended."""
-        self._reset()
-        self._place_keys(X, ids)
-        failure = self._install_active_set(
-            Kp, AS.snapped_start(a, self._C, AS.ACTIVE_SET_START_SNAP))
-        if failure is not None:
-            return f"{reason}; {failure}"
-        kkt = self.kkt_residual()
-        if kkt > BULK_KKT_TOL:
-            return reason + f"; the active-set fallback ended at a KKT residual of {kkt:.2g}"
-        self.n_active_set_builds += 1
-        return None
+        (:meth:`_install_active_set`) and accepted at BULK_KKT_TOL like any landing; where
+        that start is not accepted (the method can cycle on a numerically singular free set
+        near the optimum: tight clusters), once more from the centre of the box, every
+        a = 1 / n (when n C >= 1). Returns None when accepted, else ``reason`` extended."""
+        n = len(X)
+        starts = [AS.snapped_start(a, self._C, AS.ACTIVE_SET_START_SNAP)]
+        if self._feasible(n):
+            starts.append(np.full(n, 1.0 / n))  # inside the box: n C >= 1
+        for start in starts:
+            self._reset()
+            self._place_keys(X, ids)
+            failure = self._install_active_set(Kp, start)
+            if failure is None:
+                kkt = self.kkt_residual()
+                if kkt <= BULK_KKT_TOL:
+                    self.n_active_set_builds += 1
+                    return None
+                failure = f"the active-set fallback ended at a KKT residual of {kkt:.2g}"
+            reason = f"{reason}; {failure}"
+        return reason
 
     def _install_active_set(self, Kp, a):
         """Solve the placed keys by the primal active-set method
