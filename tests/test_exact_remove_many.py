@@ -1,7 +1,7 @@
 """Batch deletion (IncrementalSVDD.remove_many): the state a fresh solve of the rest has.
 
-Where decrements are expensive (a batch of at least BULK_REMOVE_FRACTION of the keys while the
-margin set holds at least BULK_REMOVE_MARGIN_SHARE of them) the retained keys are solved afresh
+Where decrements are expensive (a batch of at least BULK_BATCH_FRACTION of the keys while the
+margin set holds at least BULK_BATCH_MARGIN_SHARE of them) the retained keys are solved afresh
 by the bulk build with their ids kept; otherwise the keys are removed one decrement at a time.
 Either way the result is compared with a fresh solve of the retained keys, to the bound two
 exact solves of the same keys agree to (:func:`test_exact_vertex.agreement_bound`).
@@ -24,7 +24,7 @@ def _margin_heavy(n=300, seed=0):
     X = np.random.default_rng(seed).standard_normal((n, 8))
     s = IncrementalSVDD.from_nu(0.3, n, 0.35 * float(np.median(pdist(X))))
     s.extend(X)
-    assert len(s.margin_ids) >= solver_module.BULK_REMOVE_MARGIN_SHARE * n
+    assert len(s.margin_ids) >= solver_module.BULK_BATCH_MARGIN_SHARE * n
     return X, s
 
 
@@ -61,7 +61,7 @@ def test_a_small_batch_or_few_margin_keys_is_removed_decrement_by_decrement():
     X = np.random.default_rng(2).standard_normal((200, 4))
     s = IncrementalSVDD.from_nu(0.4, 200, 2.0 * float(np.median(pdist(X))))
     s.extend(X)
-    assert len(s.margin_ids) < solver_module.BULK_REMOVE_MARGIN_SHARE * 200
+    assert len(s.margin_ids) < solver_module.BULK_BATCH_MARGIN_SHARE * 200
     one_by_one = s.copy()
     victims = [int(v) for v in np.random.default_rng(3).choice(200, 40, replace=False)]
     s.remove_many(victims)

@@ -851,7 +851,7 @@ def test_a_deletion_whose_every_fallback_fails_is_refused_with_nothing_lost(monk
     monkeypatch.setattr(IncrementalSVDD, "_remove_slot", failing_decrement)
     monkeypatch.setattr(IncrementalSVDD, "_bulk_admit", lambda self, X, ids, min_keys=None: False)
     if batch:
-        for name in ("BULK_REMOVE_FRACTION", "BULK_REMOVE_MARGIN_SHARE"):
+        for name in ("BULK_BATCH_FRACTION", "BULK_BATCH_MARGIN_SHARE"):
             monkeypatch.setattr(solver_module, name, 0.0)  # take the batch's fresh-solve path
         monkeypatch.setattr(solver_module, "BULK_MIN_KEYS", 1)
     caller = "remove_many" if batch else "remove"
@@ -1104,15 +1104,18 @@ def test_bulk_build_falls_back_to_the_walk(monkeypatch):
     assert s.rho == reference.rho
 
 
-def test_bulk_path_is_not_taken_in_warm_up_or_into_a_filled_solver():
+def test_bulk_path_is_not_taken_in_warm_up_or_for_cheap_walks_into_a_filled_solver():
     X = np.random.default_rng(33).standard_normal((100, 3))
     s = IncrementalSVDD(0.001, 1.0)  # 100 C < 1: warm-up, walked
     s.extend(X)
     assert s.n_bulk_builds == 0 and not s.certified
-    t = IncrementalSVDD(0.05, 1.0)
-    t.add(X[0])
-    t.extend(X[1:])  # not empty: walked
-    assert t.n_bulk_builds == 0 and t.kkt_residual() <= 1e-13
+    t = IncrementalSVDD(0.05, 3.0)
+    t.extend(X[:80])
+    events = t.n_events
+    assert len(t.margin_ids) < 0.25 * 80
+    t.extend(X[80:])  # not empty, and a small margin set: walked
+    assert t.n_bulk_builds == 1 and t.n_events > events
+    assert t.kkt_residual() <= 1e-13
 
 
 def test_audit_and_consistency_are_frozen_results():

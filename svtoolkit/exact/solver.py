@@ -67,16 +67,23 @@ ACTIVE_SET_MAX_KEYS = 8192
 #: common (28 of 2,016 operations on the far-cluster grid refused one without polishing), and
 #: at 8,192 sentence embeddings (d = 384) with 2,500 support keys one check costs seconds.
 DEGENERATE_CHECK_WORK = 50_000_000
-#: :meth:`IncrementalSVDD.remove_many` solves the retained keys afresh by the bulk build when
-#: the batch is at least BULK_REMOVE_FRACTION of the keys held and the margin set at least
-#: BULK_REMOVE_MARGIN_SHARE of them: a decrement of a support key costs O(m^2) per event, so
-#: it is there that a batch of them outgrows one build. Measured (digits, d = 64, n = 1,797;
-#: benchmarks/forget.py): with 645-1,260 margin keys the rebuild took 0.14-0.56 s against
-#: 1.1-7.6 s of decrements for 5-30 % of the keys, while at 2 % the two were within a factor
-#: 0.7-5 of each other; with 10-40 margin keys the decrements took 0.002-0.06 s against a
-#: 0.06-0.13 s rebuild.
-BULK_REMOVE_FRACTION = 0.04
-BULK_REMOVE_MARGIN_SHARE = 0.25
+#: A batch change is a fresh bulk solve of the keys it leaves (ids kept) when the batch is at
+#: least BULK_BATCH_FRACTION of the keys held and the margin set at least
+#: BULK_BATCH_MARGIN_SHARE of them (:meth:`IncrementalSVDD.remove_many`, and ``extend`` into
+#: a solver that holds keys): a walk of a key against a large margin set costs O(n m) per
+#: event, so it is there that a batch of walks outgrows one build. Measured for deletions
+#: (digits, d = 64, n = 1,797; benchmarks/forget.py): with 645-1,260 margin keys the rebuild
+#: took 0.14-0.56 s against 1.1-7.6 s of decrements for 5-30 % of the keys, while at 2 % the
+#: two were within a factor 0.7-5 of each other; with 10-40 margin keys the decrements took
+#: 0.002-0.06 s against a 0.06-0.13 s rebuild. For admissions (the digits with a third of
+#: the rows held twice, gamma = 1: every kernel value between distinct rows underflows to
+#: 0): 479 rows into 959 held (871 on the margin) took 20 s of walks, hundreds of zero-length
+#: events each, against a 1.3 s build of all 1,438. ``extend`` asks before each key, since its
+#: walks can grow the margin set (479 rows into 480 held: 2 margin keys before, 871 after;
+#: 14.5 s of walks, 0.6 s with the switch). A switch that waited for the walks' events to
+#: reach the keys held took 4.5-14 s per chunk there instead of 1.1-2.9 s.
+BULK_BATCH_FRACTION = 0.04
+BULK_BATCH_MARGIN_SHARE = 0.25
 #: Audit thresholds: maintained gradients vs a fresh evaluation, and ||R M - I||_max.
 #: AUDIT_GRAD_TOL also bounds rho's offset from a fresh solve's choice (units of f as well:
 #: it moves every f by that much).
@@ -261,8 +268,13 @@ class IncrementalSVDD(WalkDriver):
                           "the exact walk, which reaches the same optimum but can take far "
                           "longer", BulkFallbackWarning, stacklevel=3)  # <- extend <- caller
         bulk_tried = self.n_bulk_fallbacks > fallbacks
+        afresh = not bulk_tried  # one try per batch, none after its bulk build was not accepted
         try:
-            for new_id, x in zip(ids, X, strict=True):
+            for i, (new_id, x) in enumerate(zip(ids, X, strict=True)):
+                if afresh and self._batch_is_heavy(len(X) - i):
+                    afresh = False
+                    if self._batch_afresh(X[i:], ids[i:]):
+                        break
                 self._add_checked(x, int(new_id))
                 self._after_operation()
         except SolverFailure as exc:
@@ -274,6 +286,30 @@ class IncrementalSVDD(WalkDriver):
             self._recover(exc, before, held_ids, held_keys)
         self._settle_degenerate(marks)
         return ids
+
+    def _batch_is_heavy(self, k):
+        """Whether the ``k`` rows left of a batch go to a fresh solve (:meth:`_batch_afresh`):
+        they are at least BULK_BATCH_FRACTION of the keys held, the margin set holds at least
+        BULK_BATCH_MARGIN_SHARE of them, and a bulk build of every key applies (n C >= 1 out
+        of warm-up, no user event limit). Asked before each walk of the batch: its walks can
+        grow the margin set."""
+        n = len(self)
+        total = n + k
+        return bool(n and k >= BULK_BATCH_FRACTION * n and self._m >= BULK_BATCH_MARGIN_SHARE * n
+                    and total >= BULK_MIN_KEYS and self._feasible(total) and self._anchor < 0
+                    and self.max_events is None)
+
+    def _batch_afresh(self, X, ids):
+        """The rows ``X`` (ids ``ids``) of a batch not yet admitted and the keys held, solved
+        afresh by the bulk build, ids kept: True when taken. A solve that is not accepted
+        puts the state back (its inverse factorised afresh, :meth:`_restore`) for the walks
+        to go on."""
+        before = self._snapshot()
+        held_ids, held_keys = self._held_keys(lambda held: np.ones(len(held), dtype=bool))
+        if self._solve_afresh(np.concatenate([held_ids, ids]), np.vstack([held_keys, X])):
+            return True
+        self._restore(before, held_ids, held_keys)
+        return False
 
     def _admit_afresh(self, ids, keys):
         """The fallback of an admission whose walk failed: :meth:`_solve_afresh` of ``keys``
@@ -549,7 +585,12 @@ class IncrementalSVDD(WalkDriver):
         with a fresh KKT residual of at most BULK_KKT_TOL; a landing of up to
         ACTIVE_SET_MAX_KEYS keys that is not accepted is solved by a primal active-set method
         instead (``n_active_set_builds``), and only what that does not certify is replayed by
-        the walk. If an exact walk fails part-way, the keys held and the whole batch are solved
+        the walk. Into a solver that holds keys, the rows not yet admitted are solved afresh
+        with the keys held (the bulk path, ids kept, the same certificate) once they are at
+        least BULK_BATCH_FRACTION of the keys held while the margin set holds at least
+        BULK_BATCH_MARGIN_SHARE of them - asked before each walk, as the walks can grow the
+        margin set; tried once per batch, and a solve not accepted leaves the walks to go on.
+        If an exact walk fails part-way, the keys held and the whole batch are solved
         afresh by the bulk path at any size, ids kept, and taken at the same certificate
         (``n_admission_fallbacks`` counts these); only if that does not apply (n C < 1, a
         user's ``max_events``) or is not accepted is the batch refused: the solver then holds
@@ -683,8 +724,8 @@ class IncrementalSVDD(WalkDriver):
         keys under the same C, what a fresh solve of them gives (and what :meth:`remove` of
         each in turn gives, to rounding).
 
-        Where decrements are expensive - a batch of at least :data:`BULK_REMOVE_FRACTION` of
-        the keys held while the margin set holds at least :data:`BULK_REMOVE_MARGIN_SHARE` of
+        Where decrements are expensive - a batch of at least :data:`BULK_BATCH_FRACTION` of
+        the keys held while the margin set holds at least :data:`BULK_BATCH_MARGIN_SHARE` of
         them - and the retained keys can be bulk-built (at least BULK_MIN_KEYS of them,
         n C >= 1), the batch is not walked key by key: the retained keys are solved afresh
         by the bulk build, their ids kept - the same optimum at the cost of one build (a
@@ -714,8 +755,8 @@ class IncrementalSVDD(WalkDriver):
         if len(set(wanted)) != len(wanted):
             raise ValueError("ids must be distinct; got a repeated id")
         n, rest = len(self), len(self) - len(wanted)
-        if (wanted and len(wanted) >= BULK_REMOVE_FRACTION * n
-                and self._m >= BULK_REMOVE_MARGIN_SHARE * n and rest >= BULK_MIN_KEYS
+        if (wanted and len(wanted) >= BULK_BATCH_FRACTION * n
+                and self._m >= BULK_BATCH_MARGIN_SHARE * n and rest >= BULK_MIN_KEYS
                 and self._feasible(rest) and self._anchor < 0 and self.max_events is None):
             before = self._deletion_snapshot([self._slot_of[key_id] for key_id in wanted])
             self._solve_afresh_without(wanted, "remove_many", before)
