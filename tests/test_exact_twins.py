@@ -15,6 +15,7 @@ keeps every twin strictly inside the box, so its margin system is singular.)
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,17 @@ def test_merge_twins_keeps_each_group_total_and_frees_one_member():
     assert a[1] == C and a[3] == 0.0
     assert a[5] == 0.04 and a[6] == 0.3
     assert abs(a.sum() - 0.65) <= 4 * np.finfo(float).eps
+
+
+def test_merge_twins_puts_a_remainder_of_rounding_on_its_bound():
+    """A group whose total is a multiple of C up to the rounding of its sum: no member is left
+    free with that rounding as its mass (it would pin rho)."""
+    C = 0.1
+    Xt = np.zeros((2, 3))
+    for direction in (1.0, 0.0):  # the third member 2 ulps above or below C, and so the total
+        third = np.nextafter(np.nextafter(C, direction), direction)
+        a = np.array([0.05, 0.05, third])
+        assert math.fsum(a.tolist()) != 2 * C
+        free = np.ones(3, dtype=bool)
+        merge_twins(Xt, a, free, np.full(3, C))
+        assert a.tolist() == [C, C, 0.0] and not free.any()

@@ -181,7 +181,10 @@ def merge_twins(Xt, a, free, upper):
     slots) the total T is put back as ``floor(T / C)`` keys at C, one key with the remainder
     (free when it is positive) and the others at 0: the same objective and gradients, each
     held key's gradient that of the free one (0), which satisfies either bound's sign
-    condition. The warm-up anchor (``upper = inf``) is no key and is never merged.
+    condition. A remainder within the rounding of the group's sum (4 g u C for g members) is
+    that rounding, not mass: it goes to the bound it is next to, since a free key holding it
+    would pin rho at an arbitrary point of its interval. The warm-up anchor (``upper = inf``)
+    is no key and is never merged.
 
     Parameters
     ----------
@@ -203,11 +206,12 @@ def merge_twins(Xt, a, free, upper):
         members = F[group == g]
         C = float(upper[members[0]])
         total = math.fsum(a[members].tolist())
-        full = min(int(total // C), len(members))
+        rounding = 4.0 * len(members) * _U * C
+        full = min(int((total + rounding) // C), len(members))
         remainder = total - full * C
         a[members] = 0.0
         a[members[:full]] = C
         free[members] = False
-        if full < len(members) and remainder > 0.0:
+        if full < len(members) and remainder > rounding:
             a[members[full]] = remainder
             free[members[full]] = True
