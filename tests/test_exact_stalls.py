@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.spatial.distance import pdist
+from test_exact_vertex import assert_equals_fresh
 
 import svtoolkit.exact._walk as W
 import svtoolkit.exact.solver as solver_module
@@ -432,17 +433,59 @@ def test_deletions_among_4000_margin_keys_of_d_384_do_not_polish():
     assert s.consistency().kkt_residual <= KKT_EXACT
 
 
-def test_an_active_set_that_cycles_from_the_smo_start_restarts_from_the_centre():
-    """112 keys in tight 2-D clusters (1e-5 jitter, sigma = 0.47, C = 0.02; reached by a
-    randomised chain of operations): the landing does not certify, the active set from the SMO
-    iterate cycles until its iteration cap - a key at 0 with a gradient of -1.5e-12 is freed
-    and held again by a zero-length step, the equality solve of the near-twin free set being
-    noise - and the key-by-key replay ended 6.5e-6 off the optimum, so the build was refused.
-    From the centre of the box (every a = 1 / n) the active set converges."""
-    with np.load(Path(__file__).parent / "data" / "tight_clusters_keys.npz") as z:
-        X, C, sigma = z["keys"], float(z["C"]), float(z["sigma"])
-    s = IncrementalSVDD(C, sigma)
+def test_an_active_set_not_accepted_from_the_smo_start_runs_again_from_the_centre(monkeypatch):
+    """The active-set fallback that does not converge from the SMO iterate (it can cycle near
+    the optimum of tight clusters: a key freed and held again by zero-length steps) is run
+    once more from the centre of the box, every a = 1 / n. Here the first run is made to
+    stop at its iteration cap; the build is then the second run's, at the exact certificate."""
+    from svtoolkit.exact import _active_set as AS
+
+    X = np.random.default_rng(7).standard_normal((120, 2))
+    C = 1.0 / (0.3 * 120)
+    starts, original = [], AS.active_set
+
+    def first_run_stalls(Kp, upper, a, tol, max_iter):
+        starts.append(a.copy())
+        if len(starts) == 1:
+            return np.zeros(len(a), dtype=bool), 0.0, False
+        return original(Kp, upper, a, tol, max_iter)
+
+    monkeypatch.setattr(AS, "active_set", first_run_stalls)
+    monkeypatch.setattr(solver_module.IncrementalSVDD, "_land_bulk",
+                        lambda self, Kp, a: 1.0)  # the landing misses its certificate
+    s = IncrementalSVDD(C, 0.3 * float(np.median(pdist(X))))
     s.extend(X)
-    assert len(s) == len(X)
-    assert s.n_active_set_builds == 1 and s.n_rebuilds == 0
+    assert len(starts) == 2 and s.n_active_set_builds == 1
+    np.testing.assert_array_equal(starts[1], np.full(120, 1.0 / 120))
     assert s.kkt_residual() <= KKT_EXACT
+
+
+def test_a_deletion_whose_walk_cannot_finish_is_solved_afresh_within_its_first_try(monkeypatch):
+    """1,000 keys in tight clusters in d = 6 (281 centres, jitter 1e-5, sigma = 0.1 x the
+    median distance, nu = 0.5; 469 margin keys; found by a randomised chain): the deletion of
+    a margin key used to take 441,000 events and three polishes (136 s) under the full limits
+    before its rest state failed the check from the keys and a fresh solve replaced it. Its
+    first try is bounded by about the work of one rebuild, so the fresh solve comes after at
+    most (FIRST_TRY_REPAIRS + 2) walks of the first try's length."""
+    rng = np.random.default_rng(743329030)
+    centres = 3.0 * rng.standard_normal((281, 6))
+    X = centres[rng.integers(281, size=2250)] + 1e-5 * rng.standard_normal((2250, 6))
+    sigma = 0.1 * float(np.median(pdist(X[:300])))
+    s = IncrementalSVDD(1.0 / (0.5 * 1000), sigma)
+    s.extend(X[:1000])
+    assert 974 in set(s.margin_ids.tolist())
+    walk_limit, repairs = s._first_try_limits()
+    seen = []
+    original = solver_module.IncrementalSVDD._solve_afresh_without
+
+    def counted(self, *args, **kwargs):
+        seen.append(self.n_events)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(solver_module.IncrementalSVDD, "_solve_afresh_without", counted)
+    events, builds = s.n_events, s.n_bulk_builds
+    s.remove(974)
+    assert len(seen) == 1 and seen[0] - events <= (repairs + 2) * walk_limit
+    assert s.n_bulk_builds == builds + 1 and 974 not in s.ids
+    assert s.kkt_residual() <= KKT_EXACT
+    assert_equals_fresh(s, X[1000:1040])
