@@ -62,6 +62,7 @@ class WalkDriver:
         self.max_events = None  # None: 50 n + 1000 events per walk
         self._rebuilding = False
         self._event_budget = None  # events the rest state may take in all (a bulk landing's)
+        self._first_try = None  # (events per walk, repair walks) of a deletion's first attempt
         self._d = None
         self._next_id = 0
         self._slot_of = {}
@@ -152,8 +153,14 @@ class WalkDriver:
     # ------------------------------------------------------------------ the walk
     def _event_limit(self):
         if self.max_events is None or self._rebuilding:
-            return 50 * self._n + 1000
+            limit = 50 * self._n + 1000
+            return limit if self._first_try is None else min(limit, self._first_try[0])
         return self.max_events
+
+    def _repair_limit(self):
+        """Repair walks a rest state may take (10 n + 10; fewer on a deletion's first try)."""
+        limit = 10 * self._n + 10
+        return limit if self._first_try is None else min(limit, self._first_try[1])
 
     def _arrays(self):
         return (
@@ -307,7 +314,7 @@ class WalkDriver:
         state are bounded: each kernel call relaxes at most one violator and every walk in it
         may take only what is left of the budget, so the rest state takes at most about twice
         the budget; SolverFailure when it is spent."""
-        limit, repairs = self._event_limit(), 10 * self._n + 10
+        limit, repairs = self._event_limit(), self._repair_limit()
         deadline = None
         if self._event_budget is not None:
             deadline, repairs = self._ist[W._EVENTS] + self._event_budget, 1
@@ -373,7 +380,7 @@ class WalkDriver:
         unless the walk needs more margin capacity or the settle a polish."""
         try:
             moved, code = remove_and_settle(*self._arrays(), slot, self._event_limit(),
-                                              10 * self._n)
+                                              self._repair_limit())
         except np.linalg.LinAlgError as exc:  # before or after the slot's deletion
             raise self._singular(exc) from exc
         if moved == -2:  # the walk stopped: resume it the usual way

@@ -84,6 +84,17 @@ DEGENERATE_CHECK_WORK = 50_000_000
 #: reach the keys held took 4.5-14 s per chunk there instead of 1.1-2.9 s.
 BULK_BATCH_FRACTION = 0.04
 BULK_BATCH_MARGIN_SHARE = 0.25
+#: A deletion's decrement is tried first within about the work of one rebuild, O(n^2 d + m^3)
+#: against O(n (m + d) + m^2) per event: at most FIRST_TRY_FACTOR times that many events per
+#: walk (at least FIRST_TRY_MIN_EVENTS) and FIRST_TRY_REPAIRS repair walks; past them the rest
+#: is solved afresh, and only where that is not accepted is the decrement walked again under
+#: the full limits (50 n + 1000 events, 10 n + 10 repairs), so that no deletion is refused
+#: that those limits would have completed. On 1,000 keys in tight clusters in d = 6 (469 on
+#: the margin) a deletion under the full limits took 441,000 events and 136 s before its rest
+#: state failed the check from the keys and a sub-second fresh solve replaced it.
+FIRST_TRY_FACTOR = 4
+FIRST_TRY_MIN_EVENTS = 1000
+FIRST_TRY_REPAIRS = 10
 #: Audit thresholds: maintained gradients vs a fresh evaluation, and ||R M - I||_max.
 #: AUDIT_GRAD_TOL also bounds rho's offset from a fresh solve's choice (units of f as well:
 #: it moves every f by that much).
@@ -652,22 +663,45 @@ class IncrementalSVDD(WalkDriver):
         # the removal walks, at O(n m) per event, beside which this O(n + m) copy is small
         before = self._deletion_snapshot(slice(slot, slot + 1))
         try:
-            if self._anchor < 0 and self._on_vertex(len(self) - 1):
-                # the retained keys have one feasible point: land on it (a walk would have to
-                # end on the rounding residue of the victim's mass; see _land_on_vertex)
-                del self._slot_of[int(id)]
-                self._land_on_vertex(slot)
-                self._settle()
-            else:
-                if self._anchor < 0 and not self._feasible(len(self) - 1):
-                    self._admit_anchor()
-                self._remove_slot(slot, int(id))
+            self._first_try = self._first_try_limits()
+            self._decrement(slot, int(id))
         except SolverFailure:
-            # the right to be forgotten does not depend on the walk: solve the rest afresh
-            self._solve_afresh_without([int(id)], "remove", before)
-            return
+            # the right to be forgotten does not depend on the walk: solve the rest afresh,
+            # and where that is not accepted walk again under the full limits
+            self._first_try = None
+            if self._solve_afresh_without([int(id)], "remove", before, refuse=False):
+                return
+            slot = self._slot_of[int(id)]
+            before = self._deletion_snapshot(slice(slot, slot + 1))
+            try:
+                self._decrement(slot, int(id))
+            except SolverFailure:
+                self._solve_afresh_without([int(id)], "remove", before)
+                return
+        finally:
+            self._first_try = None
         self._after_operation()
         self._settle_degenerate(marks)
+
+    def _first_try_limits(self):
+        """(events per walk, repair walks) of a deletion's first try: about the work of one
+        rebuild (FIRST_TRY_FACTOR, FIRST_TRY_MIN_EVENTS, FIRST_TRY_REPAIRS)."""
+        n, m, d = self._n, self._m, self._d
+        events = FIRST_TRY_FACTOR * (n * n * d + m**3) // (n * (m + d) + m * m)
+        return max(FIRST_TRY_MIN_EVENTS, events), FIRST_TRY_REPAIRS
+
+    def _decrement(self, slot, key_id):
+        """The exact decrement of the key in ``slot`` (a > 0) and the rest state after it."""
+        if self._anchor < 0 and self._on_vertex(len(self) - 1):
+            # the retained keys have one feasible point: land on it (a walk would have to end
+            # on the rounding residue of the victim's mass; see _land_on_vertex)
+            del self._slot_of[key_id]
+            self._land_on_vertex(slot)
+            self._settle()
+        else:
+            if self._anchor < 0 and not self._feasible(len(self) - 1):
+                self._admit_anchor()
+            self._remove_slot(slot, key_id)
 
     def _degenerate_marks(self):
         """The counts :meth:`_settle_degenerate` compares after an operation: the joins
@@ -771,17 +805,18 @@ class IncrementalSVDD(WalkDriver):
         put back, its victims included."""
         return self._snapshot(), self._ids[slots].copy(), self._Xt[:, slots].T.copy()
 
-    def _solve_afresh_without(self, wanted, caller, before):
+    def _solve_afresh_without(self, wanted, caller, before, refuse=True):
         """Replace the state by a fresh solve of the keys not in ``wanted`` (ids and the next
         id kept): the bulk build, or the walk's rebuild when its landing is not accepted (a
-        :class:`BulkFallbackWarning` names ``caller`` then). If that rebuild fails too, the
-        state of ``before`` (:meth:`_deletion_snapshot`) is restored and SolverFailure
-        raised: a refused deletion, with nothing lost."""
+        :class:`BulkFallbackWarning` names ``caller`` then); True when taken. If that rebuild
+        fails too, the state of ``before`` (:meth:`_deletion_snapshot`) is restored and
+        SolverFailure raised - a refused deletion, with nothing lost - or, with
+        ``refuse=False``, False returned."""
         wanted = np.asarray(wanted, dtype=np.int64)
         ids, keys = self._held_keys(lambda held: ~np.isin(held, wanted))
         fallbacks = self.n_bulk_fallbacks
         if self._solve_afresh(ids, keys, min_keys=1):
-            return
+            return True
         if self.n_bulk_fallbacks > fallbacks:  # a landing was tried and not accepted
             warnings.warn(f"{caller}: the bulk rebuild of the {len(ids)} retained keys was "
                           f"not accepted ({self.bulk_fallback_reason}); rebuilding them key "
@@ -794,11 +829,14 @@ class IncrementalSVDD(WalkDriver):
             all_ids = np.concatenate([ids, victim_ids])
             order = np.argsort(all_ids, kind="stable")
             self._restore(snapshot, all_ids[order], np.concatenate([keys, victim_keys])[order])
+            if not refuse:
+                return False
             raise SolverFailure(
                 f"{exc}; {caller}: the fresh solve of the {len(ids)} retained keys failed too, "
                 "so the deletion was refused and the solver holds the state it had before it "
                 "(nothing lost)") from exc
         self._after_operation()
+        return True
 
     def evict_reserve(self):
         """Remove every reserve key (coefficient exactly 0): the certified eviction.
