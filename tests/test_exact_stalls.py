@@ -6,7 +6,6 @@ little; the build then used to replay the whole batch key by key (O(n) walks). E
 would fail on a solver without the polish of the landing (``n_bulk_builds`` stayed 0 there).
 """
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -460,32 +459,61 @@ def test_an_active_set_not_accepted_from_the_smo_start_runs_again_from_the_centr
     assert s.kkt_residual() <= KKT_EXACT
 
 
-def test_a_deletion_whose_walk_cannot_finish_is_solved_afresh_within_its_first_try(monkeypatch):
+def _tight_clusters_1000():
     """1,000 keys in tight clusters in d = 6 (281 centres, jitter 1e-5, sigma = 0.1 x the
-    median distance, nu = 0.5; 469 margin keys; found by a randomised chain): the deletion of
-    a margin key used to take 441,000 events and three polishes (136 s) under the full limits
-    before its rest state failed the check from the keys and a fresh solve replaced it. Its
-    first try is bounded by about the work of one rebuild, so the fresh solve comes after at
-    most (FIRST_TRY_REPAIRS + 2) walks of the first try's length."""
+    median distance, nu = 0.5; 469 margin keys; found by a randomised chain) and 40 more."""
     rng = np.random.default_rng(743329030)
     centres = 3.0 * rng.standard_normal((281, 6))
     X = centres[rng.integers(281, size=2250)] + 1e-5 * rng.standard_normal((2250, 6))
     sigma = 0.1 * float(np.median(pdist(X[:300])))
     s = IncrementalSVDD(1.0 / (0.5 * 1000), sigma)
     s.extend(X[:1000])
-    assert 974 in set(s.margin_ids.tolist())
-    walk_limit, repairs = s._first_try_limits()
+    return s, X[1000:1040]
+
+
+def _events_at(monkeypatch, name):
+    """The solver's event count each time its method ``name`` (a fallback) is called."""
     seen = []
-    original = solver_module.IncrementalSVDD._solve_afresh_without
+    original = getattr(solver_module.IncrementalSVDD, name)
 
     def counted(self, *args, **kwargs):
         seen.append(self.n_events)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(solver_module.IncrementalSVDD, "_solve_afresh_without", counted)
+    monkeypatch.setattr(solver_module.IncrementalSVDD, name, counted)
+    return seen
+
+
+def test_an_admission_whose_walk_cannot_finish_is_solved_afresh_within_its_first_try(
+        monkeypatch):
+    """On the tight clusters an admission used to take 13-161 s under the full limits (a walk
+    of up to 50 n + 1,000 events, a rest state of up to 10 n + 10 repair walks) before a
+    fresh solve of every key replaced it; its first try is bounded by about the work of one
+    rebuild."""
+    s, X = _tight_clusters_1000()
+    walk_limit, repairs = s._first_try_limits()
+    seen = _events_at(monkeypatch, "_admit_afresh")
+    events, fallbacks = s.n_events, s.n_admission_fallbacks
+    new = s.add(X[0])
+    assert len(seen) == 1 and seen[0] - events <= (repairs + 2) * walk_limit
+    assert s.n_admission_fallbacks == fallbacks + 1 and new in s.ids
+    assert s.kkt_residual() <= KKT_EXACT
+    assert_equals_fresh(s, X[1:])
+
+
+def test_a_deletion_whose_walk_cannot_finish_is_solved_afresh_within_its_first_try(monkeypatch):
+    """On the tight clusters (:func:`_tight_clusters_1000`) the deletion of a margin key
+    used to take 441,000 events and three polishes (136 s) under the full limits
+    before its rest state failed the check from the keys and a fresh solve replaced it. Its
+    first try is bounded by about the work of one rebuild, so the fresh solve comes after at
+    most (FIRST_TRY_REPAIRS + 2) walks of the first try's length."""
+    s, X = _tight_clusters_1000()
+    assert 974 in set(s.margin_ids.tolist())
+    walk_limit, repairs = s._first_try_limits()
+    seen = _events_at(monkeypatch, "_solve_afresh_without")
     events, builds = s.n_events, s.n_bulk_builds
     s.remove(974)
     assert len(seen) == 1 and seen[0] - events <= (repairs + 2) * walk_limit
     assert s.n_bulk_builds == builds + 1 and 974 not in s.ids
     assert s.kkt_residual() <= KKT_EXACT
-    assert_equals_fresh(s, X[1000:1040])
+    assert_equals_fresh(s, X)

@@ -62,7 +62,7 @@ class WalkDriver:
         self.max_events = None  # None: 50 n + 1000 events per walk
         self._rebuilding = False
         self._event_budget = None  # events the rest state may take in all (a bulk landing's)
-        self._first_try = None  # (events per walk, repair walks) of a deletion's first attempt
+        self._first_try = None  # (events per walk, repair walks) of an operation's first try
         self._d = None
         self._next_id = 0
         self._slot_of = {}
@@ -154,13 +154,18 @@ class WalkDriver:
     def _event_limit(self):
         if self.max_events is None or self._rebuilding:
             limit = 50 * self._n + 1000
-            return limit if self._first_try is None else min(limit, self._first_try[0])
+            if self._first_try is None or self._rebuilding:
+                return limit
+            return min(limit, self._first_try[0])
         return self.max_events
 
     def _repair_limit(self):
-        """Repair walks a rest state may take (10 n + 10; fewer on a deletion's first try)."""
+        """Repair walks a rest state may take (10 n + 10; fewer on an operation's first try,
+        which a user's ``max_events`` or a rebuild does not take)."""
         limit = 10 * self._n + 10
-        return limit if self._first_try is None else min(limit, self._first_try[1])
+        if self._first_try is None or self.max_events is not None or self._rebuilding:
+            return limit
+        return min(limit, self._first_try[1])
 
     def _arrays(self):
         return (

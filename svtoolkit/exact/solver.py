@@ -84,14 +84,15 @@ DEGENERATE_CHECK_WORK = 50_000_000
 #: reach the keys held took 4.5-14 s per chunk there instead of 1.1-2.9 s.
 BULK_BATCH_FRACTION = 0.04
 BULK_BATCH_MARGIN_SHARE = 0.25
-#: A deletion's decrement is tried first within about the work of one rebuild, O(n^2 d + m^3)
-#: against O(n (m + d) + m^2) per event: at most FIRST_TRY_FACTOR times that many events per
-#: walk (at least FIRST_TRY_MIN_EVENTS) and FIRST_TRY_REPAIRS repair walks; past them the rest
-#: is solved afresh, and only where that is not accepted is the decrement walked again under
-#: the full limits (50 n + 1000 events, 10 n + 10 repairs), so that no deletion is refused
-#: that those limits would have completed. On 1,000 keys in tight clusters in d = 6 (469 on
-#: the margin) a deletion under the full limits took 441,000 events and 136 s before its rest
-#: state failed the check from the keys and a sub-second fresh solve replaced it.
+#: An admission's or deletion's walk is tried first within about the work of one rebuild,
+#: O(n^2 d + m^3) against O(n (m + d) + m^2) per event: at most FIRST_TRY_FACTOR times that
+#: many events per walk (at least FIRST_TRY_MIN_EVENTS) and FIRST_TRY_REPAIRS repair walks;
+#: past them the keys are solved afresh, and only where that is not accepted is the operation
+#: walked again from the state before under the full limits (50 n + 1000 events, 10 n + 10
+#: repairs), so that nothing is refused that those limits would have completed. On 1,000 keys
+#: in tight clusters in d = 6 (469 on the margin) a deletion under the full limits took
+#: 441,000 events and 136 s, and admissions 13-161 s each, before their rest states failed
+#: the check from the keys and a fresh solve of about a second replaced them.
 FIRST_TRY_FACTOR = 4
 FIRST_TRY_MIN_EVENTS = 1000
 FIRST_TRY_REPAIRS = 10
@@ -279,24 +280,49 @@ class IncrementalSVDD(WalkDriver):
                           "the exact walk, which reaches the same optimum but can take far "
                           "longer", BulkFallbackWarning, stacklevel=3)  # <- extend <- caller
         bulk_tried = self.n_bulk_fallbacks > fallbacks
-        afresh = not bulk_tried  # one try per batch, none after its bulk build was not accepted
         try:
-            for i, (new_id, x) in enumerate(zip(ids, X, strict=True)):
-                if afresh and self._batch_is_heavy(len(X) - i):
-                    afresh = False
-                    if self._batch_afresh(X[i:], ids[i:]):
-                        break
-                self._add_checked(x, int(new_id))
-                self._after_operation()
+            # a fresh solve of a heavy batch: one try, none after its bulk build was refused
+            self._walk_rows(X, ids, afresh=not bulk_tried, first_try=True)
         except SolverFailure as exc:
             held_ids, held_keys = self._held_keys(lambda held: held < first_id)
             if not (bulk_tried and len(held_ids) == 0) and self._admit_afresh(
                     np.concatenate([held_ids, ids]), np.concatenate([held_keys, X])):
                 return ids
             self._ops_since_audit = ops_before
-            self._recover(exc, before, held_ids, held_keys)
+            if self.max_events is not None:  # the user's limit: no first try was bounded
+                self._recover(exc, before, held_ids, held_keys)
+            # neither the first tries nor the fresh solve: the batch again from the state
+            # before it, under the walks' full limits (what every walk had before the first try)
+            self._restore(before, held_ids, held_keys)
+            if fresh:
+                self._d = X.shape[1]
+                self._allocate(d=self._d, cap=self._Xt.shape[1], mcap=self._S.shape[0])
+            try:
+                self._walk_rows(X, ids, afresh=False, first_try=False)
+            except SolverFailure as again:
+                held_ids, held_keys = self._held_keys(lambda held: held < first_id)
+                self._ops_since_audit = ops_before
+                self._recover(again, before, held_ids, held_keys)
         self._settle_degenerate(marks)
         return ids
+
+    def _walk_rows(self, X, ids, *, afresh, first_try):
+        """Admit rows ``X`` (ids ``ids``) by walks, in order; with ``afresh``, once the rows
+        left make a heavy batch (:meth:`_batch_is_heavy`) they and the keys held are solved
+        afresh instead (one try). With ``first_try``, each walk and its rest state are bounded
+        by about the work of one rebuild (:meth:`_first_try_limits`). SolverFailure from a
+        walk leaves a partial state for the caller."""
+        for i, (new_id, x) in enumerate(zip(ids, X, strict=True)):
+            if afresh and self._batch_is_heavy(len(X) - i):
+                afresh = False
+                if self._batch_afresh(X[i:], ids[i:]):
+                    return
+            self._first_try = self._first_try_limits() if first_try and self._n else None
+            try:
+                self._add_checked(x, int(new_id))
+            finally:
+                self._first_try = None
+            self._after_operation()
 
     def _batch_is_heavy(self, k):
         """Whether the ``k`` rows left of a batch go to a fresh solve (:meth:`_batch_afresh`):
@@ -684,8 +710,8 @@ class IncrementalSVDD(WalkDriver):
         self._settle_degenerate(marks)
 
     def _first_try_limits(self):
-        """(events per walk, repair walks) of a deletion's first try: about the work of one
-        rebuild (FIRST_TRY_FACTOR, FIRST_TRY_MIN_EVENTS, FIRST_TRY_REPAIRS)."""
+        """(events per walk, repair walks) of an admission's or deletion's first try: about
+        the work of one rebuild (FIRST_TRY_FACTOR, FIRST_TRY_MIN_EVENTS, FIRST_TRY_REPAIRS)."""
         n, m, d = self._n, self._m, self._d
         events = FIRST_TRY_FACTOR * (n * n * d + m**3) // (n * (m + d) + m * m)
         return max(FIRST_TRY_MIN_EVENTS, events), FIRST_TRY_REPAIRS
