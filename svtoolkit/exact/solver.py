@@ -260,10 +260,12 @@ class IncrementalSVDD(WalkDriver):
         return int(self._admit_rows(x[None, :])[0])
 
     def _admit_rows(self, X):
-        """Admit validated rows in order. When a walk fails, the state becomes a fresh bulk
+        """Admit validated rows in order. Each walk is first bounded by about the work of one
+        rebuild (:meth:`_first_try_limits`); when a walk fails, the state becomes a fresh bulk
         solve of the keys held and the whole batch (:meth:`_admit_afresh`); if that is not
-        accepted either, the state held before the first row is restored (so a batch is all
-        or nothing; :meth:`_restore`) and SolverFailure is raised."""
+        accepted either, the batch is walked again from the state held before it under the
+        full limits, and only if that fails too is that state restored (so a batch is all or
+        nothing; :meth:`_restore`) and SolverFailure raised."""
         first_id, fresh = self._next_id, self._d is None
         before, ops_before = self._snapshot(), self._ops_since_audit
         marks = self._degenerate_marks()
@@ -627,10 +629,13 @@ class IncrementalSVDD(WalkDriver):
         least BULK_BATCH_FRACTION of the keys held while the margin set holds at least
         BULK_BATCH_MARGIN_SHARE of them - asked before each walk, as the walks can grow the
         margin set; tried once per batch, and a solve not accepted leaves the walks to go on.
-        If an exact walk fails part-way, the keys held and the whole batch are solved
+        Each walk is first bounded by about the work of one rebuild (``FIRST_TRY_FACTOR``). If
+        an exact walk fails part-way, the keys held and the whole batch are solved
         afresh by the bulk path at any size, ids kept, and taken at the same certificate
-        (``n_admission_fallbacks`` counts these); only if that does not apply (n C < 1, a
-        user's ``max_events``) or is not accepted is the batch refused: the solver then holds
+        (``n_admission_fallbacks`` counts these); where that solve does not apply (n C < 1,
+        a user's ``max_events``) or is not accepted, the batch is walked again from the state
+        before it under the full limits (not under a user's ``max_events``), and only if that
+        fails too is the batch refused: the solver then holds
         the state it had before the call (its coefficients, gradients, rho and partition to
         the bit, the inverse factorised afresh), with no row admitted.
 
