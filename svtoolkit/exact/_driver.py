@@ -152,11 +152,10 @@ class WalkDriver:
 
     # ------------------------------------------------------------------ the walk
     def _event_limit(self):
-        if self.max_events is None or self._rebuilding:
-            limit = 50 * self._n + 1000
-            if self._first_try is None or self._rebuilding:
-                return limit
-            return min(limit, self._first_try[0])
+        if self._rebuilding or (self.max_events is None and self._first_try is None):
+            return 50 * self._n + 1000
+        if self.max_events is None:
+            return min(50 * self._n + 1000, self._first_try[0])
         return self.max_events
 
     def _repair_limit(self):

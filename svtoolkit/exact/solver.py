@@ -302,7 +302,6 @@ class IncrementalSVDD(WalkDriver):
             try:
                 self._walk_rows(X, ids, afresh=False, first_try=False)
             except SolverFailure as again:
-                held_ids, held_keys = self._held_keys(lambda held: held < first_id)
                 self._ops_since_audit = ops_before
                 self._recover(again, before, held_ids, held_keys)
         self._settle_degenerate(marks)
@@ -706,9 +705,13 @@ class IncrementalSVDD(WalkDriver):
             before = self._deletion_snapshot(slice(slot, slot + 1))
             try:
                 self._decrement(slot, int(id))
-            except SolverFailure:
-                self._solve_afresh_without([int(id)], "remove", before)
-                return
+            except SolverFailure as exc:  # the fresh solve failed already: not again
+                ids, keys = self._held_keys(lambda held: held != int(id))
+                self._put_back(before, ids, keys)
+                raise SolverFailure(
+                    f"{exc}; remove: the fresh solve of the {len(ids)} retained keys failed "
+                    "too, so the deletion was refused and the solver holds the state it had "
+                    "before it (nothing lost)") from exc
         finally:
             self._first_try = None
         self._after_operation()
@@ -856,10 +859,7 @@ class IncrementalSVDD(WalkDriver):
         try:
             self._rebuild(ids, keys)
         except SolverFailure as exc:
-            snapshot, victim_ids, victim_keys = before
-            all_ids = np.concatenate([ids, victim_ids])
-            order = np.argsort(all_ids, kind="stable")
-            self._restore(snapshot, all_ids[order], np.concatenate([keys, victim_keys])[order])
+            self._put_back(before, ids, keys)
             if not refuse:
                 return False
             raise SolverFailure(
@@ -868,6 +868,15 @@ class IncrementalSVDD(WalkDriver):
                 "(nothing lost)") from exc
         self._after_operation()
         return True
+
+    def _put_back(self, before, ids, keys):
+        """After a deletion failed part-way: the state of ``before``
+        (:meth:`_deletion_snapshot`) from the retained keys ``ids``, ``keys`` (ascending ids)
+        and the victims' copies."""
+        snapshot, victim_ids, victim_keys = before
+        all_ids = np.concatenate([ids, victim_ids])
+        order = np.argsort(all_ids, kind="stable")
+        self._restore(snapshot, all_ids[order], np.concatenate([keys, victim_keys])[order])
 
     def evict_reserve(self):
         """Remove every reserve key (coefficient exactly 0): the certified eviction.
