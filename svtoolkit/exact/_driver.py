@@ -151,20 +151,25 @@ class WalkDriver:
         return int(self._ist[W._ANCHOR])
 
     # ------------------------------------------------------------------ the walk
+    def _first_try_bounds(self):
+        """(events per walk, repair walks) of an operation's first try, or None where the full
+        limits apply (no first try, a user's ``max_events``, a rebuild)."""
+        if self._first_try is None or self.max_events is not None or self._rebuilding:
+            return None
+        return self._first_try
+
     def _event_limit(self):
-        if self._rebuilding or (self.max_events is None and self._first_try is None):
-            return 50 * self._n + 1000
-        if self.max_events is None:
-            return min(50 * self._n + 1000, self._first_try[0])
-        return self.max_events
+        if self.max_events is not None and not self._rebuilding:
+            return self.max_events
+        bounds = self._first_try_bounds()
+        limit = 50 * self._n + 1000
+        return limit if bounds is None else min(limit, bounds[0])
 
     def _repair_limit(self):
-        """Repair walks a rest state may take (10 n + 10; fewer on an operation's first try,
-        which a user's ``max_events`` or a rebuild does not take)."""
+        """Repair walks a rest state may take: 10 n + 10, fewer on an operation's first try."""
+        bounds = self._first_try_bounds()
         limit = 10 * self._n + 10
-        if self._first_try is None or self.max_events is not None or self._rebuilding:
-            return limit
-        return min(limit, self._first_try[1])
+        return limit if bounds is None else min(limit, bounds[1])
 
     def _arrays(self):
         return (
