@@ -12,29 +12,22 @@ Every state is compared with a fresh solve of the keys it holds, to :func:`agree
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from svtoolkit import IncrementalSVDD
 from svtoolkit._rules import FEASIBILITY_TOL
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `verification` lives in the repository, not in the package
+    sys.path.insert(0, str(ROOT))
+
+from verification.check_chains import agreement_bound  # noqa: E402, F401 - the tests' bound
+
 EPS = np.finfo(np.float64).eps
-
-
-def agreement_bound(solver):
-    """How far two exact fp64 solves of the same keys may differ in a, rho and f.
-
-    Both end on the same partition and solve the same bordered system of its margin set,
-    M [rho'; a_S] = b with M = [[0, 1^T], [1, 2 K'_SS]] (|K'| <= 1), from sums over at most n
-    keys taken in different orders. Each such sum has terms of size <= 2 (coefficients sum
-    to one), so it is off by at most about 2 n eps, and the solve multiplies that by cond(M);
-    a factor 2 for the two solves' errors adding and 2 for f = 2 sum a k + rho' reading both.
-    With S empty there is no solve (cond 1): only the sums that place rho.
-    """
-    cond = 1.0
-    if solver._m > 0:
-        cond = float(np.linalg.cond(solver._bordered()))
-    return 8.0 * cond * EPS * len(solver)
 
 
 def assert_equals_fresh(solver, probes):

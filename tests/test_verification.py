@@ -219,3 +219,27 @@ def test_learned_keys_regime_trains_a_model_and_forgets_exactly():
     trial = run_trial("learned", 0)
     assert trial["status"] == "ok" and trial["n"] >= 30
     assert trial["dev"] <= 1e-9
+
+
+def test_operation_chains_pass_and_catch_a_state_off_the_optimum(monkeypatch):
+    """verification/check_chains.py: a short chain passes every check, and a deletion that
+    leaves rho 1e-9 off is caught by the comparison with a fresh solve."""
+    from svtoolkit.exact import _walk as W
+    from verification import check_chains
+
+    records = check_chains._shape_records("gauss", 1, 12, reference=False)
+    assert [r["name"] for r in records] == [
+        f"chains.gauss.{c}" for c in ("refused", "fresh", "objective", "kkt", "restored",
+                                      "reference")]
+    assert all(r["passed"] for r in records[:-1]) and records[-1]["passed"] is None
+    run = check_chains.run_chain("gauss", 0, 12)
+    assert run["states"] == 12 and not run["refused"] and run["restored"] == 0.0
+
+    remove = IncrementalSVDD.remove
+
+    def remove_off(self, id):
+        remove(self, id)
+        self._fs[W._RHO] += 1e-9
+
+    monkeypatch.setattr(IncrementalSVDD, "remove", remove_off)
+    assert check_chains.run_chain("gauss", 0, 12)["worst_ratio"] > 1e3
