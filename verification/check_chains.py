@@ -28,7 +28,8 @@ keys come and go one at a time and in batches, reserve keys are evicted, the war
   up, the state's objective must be no worse than the reference's (skipped without cvxpy).
 
 ``quick`` runs three chains of 40 operations per shape (seconds); the full run (``python -m
-verification --full``) twenty of 100.
+verification --full``) twenty of 100. Alone: ``python -m verification.check_chains [--full]
+[--chains N] [--ops N] [--shapes gauss,ring]``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import numpy as np
 from .records import make_check, skipped_check
 
 __all__ = ["SHAPES", "KKT_TOL", "shape_keys", "random_step", "agreement_bound",
-           "objective_bound", "distance_to_fresh", "reference_gap", "run_chain", "run"]
+           "objective_bound", "distance_to_fresh", "reference_gap", "run_chain", "run", "main"]
 
 EPS = float(np.finfo(np.float64).eps)
 SEED = 20261207
@@ -353,21 +354,41 @@ def _kkt_tol(name):
     return KKT_TOL.get(name, BULK_KKT_TOL)
 
 
-def run(quick: bool = True) -> list[dict]:
+def run(quick: bool = True, *, chains=None, n_ops=None, shapes=None) -> list[dict]:
     """Run the chains of every shape; ``quick``: three chains of 40 operations per shape, else
-    twenty of 100."""
+    twenty of 100 (``chains``, ``n_ops`` and ``shapes``, a list of :data:`SHAPES` keys,
+    override)."""
     import importlib.util
 
     reference = importlib.util.find_spec("cvxpy") is not None
-    chains, n_ops = (3, 40) if quick else (20, 100)
-    return [record for name in SHAPES
+    default_chains, default_ops = (3, 40) if quick else (20, 100)
+    chains = default_chains if chains is None else chains
+    n_ops = default_ops if n_ops is None else n_ops
+    return [record for name in (SHAPES if shapes is None else shapes)
             for record in _shape_records(name, chains, n_ops, reference)]
 
 
-if __name__ == "__main__":
+def main(argv=None):
+    """``python -m verification.check_chains [--full] [--chains N] [--ops N] [--shapes a,b]``:
+    print the records as JSON; exit 1 if any check fails."""
+    import argparse
     import json
-    import sys
 
-    results = run(quick="--full" not in sys.argv)
+    parser = argparse.ArgumentParser(prog="python -m verification.check_chains",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="twenty chains of 100 operations")
+    parser.add_argument("--chains", type=int, help="chains per shape")
+    parser.add_argument("--ops", type=int, help="operations per chain")
+    parser.add_argument("--shapes", help=f"comma-separated, of {', '.join(SHAPES)}")
+    args = parser.parse_args(argv)
+    shapes = None if args.shapes is None else args.shapes.split(",")
+    unknown = sorted(set(shapes or ()) - set(SHAPES))
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    results = run(quick=not args.full, chains=args.chains, n_ops=args.ops, shapes=shapes)
     print(json.dumps(results, indent=2))
-    sys.exit(1 if any(r["passed"] is False for r in results) else 0)
+    return 1 if any(r["passed"] is False for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
