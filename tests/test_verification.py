@@ -229,8 +229,8 @@ def test_operation_chains_pass_and_catch_a_state_off_the_optimum(monkeypatch):
 
     records = check_chains._shape_records("gauss", 1, 12, reference=False)
     assert [r["name"] for r in records] == [
-        f"chains.gauss.{c}" for c in ("refused", "fresh", "objective", "kkt", "restored",
-                                      "reference")]
+        f"chains.gauss.{c}" for c in ("refused", "fresh", "fresh_flat", "objective", "kkt",
+                                      "restored", "reference")]
     assert all(r["passed"] for r in records[:-1]) and records[-1]["passed"] is None
     run = check_chains.run_chain("gauss", 0, 12)
     assert run["states"] == 12 and not run["refused"] and run["restored"] == 0.0
