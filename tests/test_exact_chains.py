@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `verification` lives in the repository, not in the package
     sys.path.insert(0, str(ROOT))
 
-from verification.check_chains import KKT_TOL, RING, random_step, run_chain  # noqa: E402
+from verification.check_chains import FLAT_TOL, KKT_TOL, RING, random_step, run_chain  # noqa: E402
 from verification.check_chains import shape_keys as shape  # noqa: E402
 
 # (shape, sigma / median distance, nu, n0, seed)
@@ -107,3 +107,20 @@ def test_warm_up_rho_is_the_anchors_after_ill_conditioned_keys_leave_the_margin(
     assert not run["refused"]
     assert run["worst_ratio"] <= 1.0 and run["worst_objective_ratio"] <= 1.0
     assert run["restored"] == 0.0
+
+
+@pytest.mark.parametrize("seed, before", [(2, 7.2e-8), (3, 5e-9), (9, 3.1e-11), (11, 2e-11)])
+def test_operations_on_2d_tight_clusters_end_at_the_exact_certificate(seed, before):
+    """Chains of the verification suite's 2-D tight clusters (jitter 1e-5, sigma = 0.1 x the
+    median distance; 60 operations). Seeds 2 and 3: a deletion ended at KKT 7.2e-8 and 5e-9
+    after its polishes, the active set from there was not accepted, and the walk's state was
+    kept - now a fresh solve of the keys is taken. Seeds 9 and 11: admissions ended at
+    3.1e-11 and 2e-11 with no polish and no refused join, the rest state having tolerated
+    the sign violation of a key nearly dependent on S - now such a state is checked from the
+    keys. ``before``: the worst KKT residual of the chain before."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BulkFallbackWarning)
+        run = run_chain("clusters2d", seed, 60)
+    assert not run["refused"] and run["restored"] == 0.0
+    assert run["worst_kkt"] <= BULK_KKT_TOL < before
+    assert run["worst_flat"] <= FLAT_TOL and run["worst_objective_ratio"] <= 1.0

@@ -23,7 +23,7 @@ from . import _walk as W
 from ._rest import at_lower_bound, at_upper_bound, sum_rounding
 
 __all__ = ["Consistency", "Audit", "AuditSlice", "fresh_gradients", "kkt_residual_from",
-           "rho_offset", "bordered_matrix", "margin_rows_drift"]
+           "sign_violation", "rho_offset", "bordered_matrix", "margin_rows_drift"]
 
 #: Fresh gradients switch from the Numba loop to blocked matrix products above this much work
 #: (n * |support| * d multiply-adds) for keys of at least BLAS_FRESH_MIN_DIM dimensions (below
@@ -228,6 +228,22 @@ def _kkt_terms(g, alpha, status, n, anchor, C, total):
     if v != v:
         return np.inf
     return max(top, v)
+
+
+@njit
+def sign_violation(g, status, n):
+    """The largest sign violation among the first n slots' gradients g: g > 0 on an error
+    key, g < 0 on a reserve key (0 if none). On the maintained gradients it is what the
+    rest state tolerated (``_rest.worst_violator`` relaxes every larger one unless the key is
+    nearly dependent on S). One pass, no allocation."""
+    top = 0.0
+    for i in range(n):
+        st = status[i]
+        if st == W.ERROR:
+            top = max(top, g[i])
+        elif st == W.RESERVE:
+            top = max(top, -g[i])
+    return top
 
 
 def rho_offset(g, alpha, status, n, anchor, C, rho):
