@@ -28,12 +28,13 @@ __all__ = ["warm_walk", "CHANGE_PLAN", "DELETION_ONLY", "change_kernels", "compi
 #: events; then the walk's event steps beside the rest state's correction and the start of a
 #: walk; then the roots (the walk, the rest state and a deletion's crossing), whose callees
 #: are all cached by then, beside the evaluations from the keys that nothing of the walk
-#: calls and the pass that reads a rest state's sign violation. Seconds of each kernel compiled in one process in this order, each after the ones
-#: before it, on an empty cache (2-core Intel Xeon): _leave 3.5 (Numba's start included),
-#: insert_slot 1.2, worst_violator 0.7, _finish_own 1.1, _step 2.6, _rho_step 0.6, _start
-#: 0.5, correct 1.7, snap_margin_bounds 0.8, walk 1.4, settle 3.6 (a root's compilation
-#: optimises the callees linked into it again), decision 0.8, fresh_gradients 0.6, _kkt_terms
-#: 0.3; remove_and_settle 1.7 after settle (another run).
+#: calls and the pass that reads a rest state's sign violation. Seconds of each kernel
+#: compiled in one process in this order, each after the ones before it, on an empty cache
+#: (2-core Intel Xeon): _leave 3.5 (Numba's start included), insert_slot 1.2, worst_violator
+#: 0.7, _finish_own 1.1, _step 2.6, _rho_step 0.6, _start 0.5, correct 1.7,
+#: snap_margin_bounds 0.8, walk 1.4, settle 3.6 (a root's compilation optimises the callees
+#: linked into it again), decision 0.8, fresh_gradients 0.6, _kkt_terms 0.3;
+#: remove_and_settle 1.7 after settle (another run).
 CHANGE_PLAN = (
     (("insert_slot", "kernel_column", "worst_violator", "_finish_own"), ("_leave",)),
     (("_step", "_rho_step"), ("correct", "snap_margin_bounds", "_start")),

@@ -797,7 +797,8 @@ class IncrementalSVDD(WalkDriver):
         if self._replace_by_fresh_solve(ids, keys, min_keys=1):
             return
         self._restore(best, ids, keys)
-        self.n_active_set_polishes += best is not before
+        if best is not before:
+            self.n_active_set_polishes += 1
 
     def _slots_gram(self):
         """The shifted Gram matrix K' of the n slots, shape (n, n), the warm-up anchor's
