@@ -363,6 +363,7 @@ def _reference_record(name, runs):
 
 
 def _shape_records(name, chains, n_ops, reference):
+    """The records of ``chains`` chains of ``n_ops`` operations on the shape ``name``."""
     runs = [run_chain(name, seed, n_ops) for seed in range(chains)]
     refused = [r for run in runs for r in run["refused"]]
     states = sum(run["states"] for run in runs)
@@ -380,8 +381,8 @@ def _shape_records(name, chains, n_ops, reference):
                                     "their largest change of f or rho to a fresh solve"),
         make_check(f"chains.{name}.objective",
                    max(run["worst_objective_ratio"] for run in runs), 1.0,
-                   detail=f"{what}; the change of a^T K a to a fresh solve over its rounding bound "
-                          f"(worst {max(run['worst_objective'] for run in runs):.2g})"),
+                   detail=f"{what}; the change of a^T K a to a fresh solve over 2 max(KKT) "
+                          f"+ 2 n eps (worst {max(run['worst_objective'] for run in runs):.2g})"),
         make_check(f"chains.{name}.kkt", max(run["worst_kkt"] for run in runs),
                    _kkt_tol(name), detail=f"{what}; KKT residual from the keys"),
         make_check(f"chains.{name}.restored", max(run["restored"] for run in runs), 0.0,
