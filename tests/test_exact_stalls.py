@@ -199,7 +199,9 @@ def test_a_rejected_landing_is_counted_and_named(monkeypatch):
     with pytest.warns(BulkFallbackWarning, match="replaying them key by key") as record:
         s.extend(X)
     assert len(record) == 1 and record[0].filename == __file__  # points at the caller
-    assert s.n_bulk_builds == 0 and s.n_bulk_fallbacks == 1
+    # the build's landing, then the fresh solve that the check after the batch tries (no
+    # state meets a negative certificate): both rejected, both on record, one warning
+    assert s.n_bulk_builds == 0 and s.n_bulk_fallbacks == 2
     assert s.bulk_fallback_reason.startswith("the landing's KKT residual")
 
 
