@@ -314,7 +314,7 @@ class IncrementalSVDD(WalkDriver):
         by about the work of one rebuild (:meth:`_first_try_limits`). SolverFailure from a
         walk leaves a partial state for the caller."""
         for i, (new_id, x) in enumerate(zip(ids, X, strict=True)):
-            if afresh and self._batch_is_heavy(len(X) - i):
+            if afresh and self._batch_is_heavy(len(X) - i, len(self) + len(X) - i):
                 afresh = False
                 if self._batch_afresh(X[i:], ids[i:]):
                     return
@@ -325,16 +325,16 @@ class IncrementalSVDD(WalkDriver):
                 self._first_try = None
             self._after_operation()
 
-    def _batch_is_heavy(self, k):
-        """Whether the ``k`` rows left of a batch go to a fresh solve (:meth:`_batch_afresh`):
-        they are at least BULK_BATCH_FRACTION of the keys held, the margin set holds at least
-        BULK_BATCH_MARGIN_SHARE of them, and a bulk build of every key applies (n C >= 1 out
-        of warm-up, no user event limit). Asked before each walk of the batch: its walks can
-        grow the margin set."""
+    def _batch_is_heavy(self, k, kept):
+        """Whether a batch of ``k`` keys to admit or delete goes to a fresh solve of the
+        ``kept`` keys it leaves (ids kept) instead of k walks: the batch is at least
+        BULK_BATCH_FRACTION of the keys held, the margin set holds at least
+        BULK_BATCH_MARGIN_SHARE of them, and a bulk build of the kept keys applies (at least
+        BULK_MIN_KEYS, n C >= 1 out of warm-up, no user event limit). ``extend`` asks before
+        each walk (its walks can grow the margin set), ``remove_many`` once."""
         n = len(self)
-        total = n + k
         return bool(n and k >= BULK_BATCH_FRACTION * n and self._m >= BULK_BATCH_MARGIN_SHARE * n
-                    and total >= BULK_MIN_KEYS and self._feasible(total) and self._anchor < 0
+                    and kept >= BULK_MIN_KEYS and self._feasible(kept) and self._anchor < 0
                     and self.max_events is None)
 
     def _batch_afresh(self, X, ids):
@@ -846,10 +846,7 @@ class IncrementalSVDD(WalkDriver):
         wanted = [int(key_id) for key_id in wanted]
         if len(set(wanted)) != len(wanted):
             raise ValueError("ids must be distinct; got a repeated id")
-        n, rest = len(self), len(self) - len(wanted)
-        if (wanted and len(wanted) >= BULK_BATCH_FRACTION * n
-                and self._m >= BULK_BATCH_MARGIN_SHARE * n and rest >= BULK_MIN_KEYS
-                and self._feasible(rest) and self._anchor < 0 and self.max_events is None):
+        if wanted and self._batch_is_heavy(len(wanted), len(self) - len(wanted)):
             before = self._deletion_snapshot([self._slot_of[key_id] for key_id in wanted])
             self._solve_afresh_without(wanted, "remove_many", before)
             return
