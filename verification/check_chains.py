@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .forgetting import UNIQUE_COND, polished_reference
 from .records import make_check, skipped_check
 
 __all__ = ["Shape", "SHAPES", "KKT_TOL", "UNIQUE_COND", "FLAT_TOL", "shape_keys", "random_step",
@@ -71,16 +72,13 @@ class Shape(NamedTuple):
 #: optimum.
 SHAPES = {
     "gauss": Shape(2, 1.0, 0.9, 54),  # nu n0 = 48.6: deletions cross the warm-up boundary
-    "twins": Shape(5, 1.0, 0.5, 55),  # a quarter exact copies, a quarter 1e-9 apart
+    "twins": Shape(5, 1.0, 0.5, 55),  # a quarter of the keys copies (exact or 1e-9 apart)
     "clusters": Shape(0, 0.3, 0.1, 100),  # tight clusters in R^6, jitter 1e-5
     "clusters2d": Shape(6, 0.1, 0.5, 120),  # tight clusters in R^2, a small kernel width
     "collinear": Shape(1, 0.1, 0.01, 100),  # keys on a line in R^2, a small kernel width
     "heavy": Shape(3, 0.3, 0.5, 100),  # student-t (2 degrees of freedom) in R^2
     "ring": Shape(4, 3.0, 0.3, 200),  # twelve ring points held many times each, wide kernel
 }
-#: States whose keys' Gram condition number is at most this count as numerically unique
-#: (check 4's rule: fp64 then resolves the coefficients to about eps cond <= 1e-8 relative).
-UNIQUE_COND = 1e8
 #: Where the optimum is not numerically unique the coefficients are not determined, and two
 #: certified optima can differ in f by what their certificates allow: f and rho are compared
 #: with this absolute bound, the goal of check 4's stress regimes.
@@ -100,10 +98,10 @@ def shape_keys(name, rng, n):
     -------
     ndarray of shape (n, d)
     """
-    if name == "twins":
+    if name == "twins":  # every fourth key a copy of the one before it, exact or 1e-9 apart
         X = rng.standard_normal((n, 6))
-        k = n // 4
-        X[:k] = X[k:2 * k] + rng.choice([0.0, 1e-9], size=(k, 1)) * rng.standard_normal((k, 6))
+        k = len(X[3::4])
+        X[3::4] = X[2::4][:k] + rng.choice([0.0, 1e-9], size=(k, 1)) * rng.standard_normal((k, 6))
         return X
     if name in ("clusters", "clusters2d"):
         d = 2 if name == "clusters2d" else 6
@@ -320,10 +318,7 @@ def reference_gap(solver, probes):
 
     X = solver.keys
     K = rbf_kernel(X, sigma=solver.sigma)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Solution may be inaccurate.*",
-                                category=UserWarning)
-        sol = ref.solve_svdd(K, solver.C)
+    sol = polished_reference(K, solver.C)
     points = np.vstack([X, probes])
     f_ref = ref.decision_function(X, sol.alpha, sol.rho, points, sigma=solver.sigma)
     distance = float(np.max(np.abs(solver.decision_function(points) - f_ref)))
