@@ -1,13 +1,14 @@
-"""A batch into a solver that holds keys: walked key by key until the walks cost a rebuild.
+"""A batch into a solver that holds keys: walked key by key until the rest of it is heavy.
 
 Each admission walks at O(n m) per event. On the digits with a third of the rows held twice at
 gamma = 1 (every kernel value between distinct rows underflows to 0, so the margin set grows to
 every distinct row and twins tie exactly) admissions took hundreds of zero-length events each:
 a ``partial_fit`` of 2,396 such rows in five chunks had not finished after ten minutes, where
-one build of all of them takes 3 s. Once a batch's walks have taken as many events as there
-are keys held, on a margin set of at least BULK_BATCH_MARGIN_SHARE of them, the rest of the
-batch is solved afresh with the keys held (ids kept). Every result is compared with a fresh
-solve of the same keys (:func:`test_exact_vertex.assert_equals_fresh`).
+one build of all of them takes 3 s. Once the rows left are at least BULK_BATCH_FRACTION of the
+keys held while the margin set holds at least BULK_BATCH_MARGIN_SHARE of them (asked before
+each walk: the walks can grow the margin set), the rest of the batch is solved afresh with the
+keys held (ids kept). Every result is compared with a fresh solve of the same keys
+(:func:`test_exact_vertex.assert_equals_fresh`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _twin_digits():
     return X, 1.0 / (0.2 * 600)
 
 
-def test_walks_that_cost_a_rebuild_hand_the_rest_of_the_batch_to_a_fresh_solve():
+def test_a_batch_whose_walks_grow_the_margin_set_hands_its_rest_to_a_fresh_solve():
     X, C = _twin_digits()
     s = IncrementalSVDD(C, 1.0)
     s.extend(X[:120])  # n C = 1: every key at C, no margin key

@@ -1112,7 +1112,7 @@ def test_bulk_path_is_not_taken_in_warm_up_or_for_cheap_walks_into_a_filled_solv
     t = IncrementalSVDD(0.05, 3.0)
     t.extend(X[:80])
     events = t.n_events
-    assert len(t.margin_ids) < 0.25 * 80
+    assert len(t.margin_ids) < solver_module.BULK_BATCH_MARGIN_SHARE * 80
     t.extend(X[80:])  # not empty, and a small margin set: walked
     assert t.n_bulk_builds == 1 and t.n_events > events
     assert t.kkt_residual() <= 1e-13
