@@ -53,6 +53,26 @@ def test_add_rows_adds_each_row_in_increasing_order(count):
     assert np.array_equal(target, np.array(expected))
 
 
+
+@pytest.mark.parametrize("off", [0, 1, 3, 40])
+@pytest.mark.parametrize("count", [0, *SIZES])
+def test_add_rows_off_margin_has_the_sweeps_bits_off_the_margin(off, count):
+    """Off the margin the column-by-column sum (few slots off it) and the sweep (many) give
+    the bits of _add_rows; n = 48 slots, so 1 and 3 off the margin take the columns."""
+    rng = np.random.default_rng(200 + 7 * off + count)
+    n = 48
+    rows = rng.standard_normal((count + 2, n + 4))
+    coef = rng.standard_normal(count + 2) * 1e3
+    target = rng.standard_normal(n + 4)
+    status = np.full(n + 4, W.MARGIN, dtype=np.int8)
+    status[rng.choice(n, off, replace=False)] = W.ERROR
+    swept = target.copy()
+    W._add_rows(swept, n, rows, coef, count, 2.0)
+    W._add_rows_off_margin(target, n, status, rows, coef, count, 2.0)
+    outside = status[:n] != W.MARGIN
+    assert (W.OFF_MARGIN_SWEEP * off <= n) == (off in (0, 1, 3))
+    assert np.array_equal(target[:n][outside], swept[:n][outside])
+
 @pytest.mark.parametrize("m", [1, 2, 5, 9, 16])
 @pytest.mark.parametrize("q", ["first", "middle", "last"])
 def test_shrink_removes_row_and_column_q_as_the_plain_downdate(m, q):
@@ -113,7 +133,7 @@ def test_the_inverse_probe_is_its_definition(m):
     w = [float(m)]
     for p in range(m):
         s = 1.0
-        for q in range(m):
+        for q in np.argsort(S):  # the margin keys in slot order
             s += 2.0 * (float(KSt[q, S[p]]) + 1.0)
         w.append(s)
     prod = _matvec_ref(R, m + 1, np.array(w), 1.0)

@@ -54,7 +54,7 @@ from ._walk import (
     REPAIR_MIN_TOL,
     RESERVE,
     TOO_MANY_EVENTS,
-    _add_rows,
+    _add_rows_off_margin,
     _better,
     _join,
     _leave,
@@ -262,7 +262,7 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
         # gradient rates of the non-margin points along the direction
         for i in range(n):
             gam[i] = du[0]
-        _add_rows(gam, n, KSt, du[1:], m, 2.0)
+        _add_rows_off_margin(gam, n, status, KSt, du[1:], m, 2.0)
         tbest, tiebest, kind, who = 1.0, big, _EV_NONE, -1
         last_joined = ist[_LAST_JOINED]
         for p in range(m):

@@ -258,9 +258,48 @@ def _add_rows(target, n, rows, coef, count, scale):
         p += 1
 
 
+#: :func:`_add_rows_off_margin` sums column by column when at most 1 / OFF_MARGIN_SWEEP of the
+#: slots are off the margin. Measured on 2,048 slots with 2,047 margin rows (Intel Xeon): a
+#: sweep 2.3 ms; columns 0.01 ms for one slot, 0.7 ms for 64, 1.2 ms for 128, 2.5 ms for 256.
+OFF_MARGIN_SWEEP = 16
+
+
 @njit
-def _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam):
-    """beta = -R [1; 2 K_Sc] and gamma_i = 2 K_ic + 2 K_iS beta_S + beta_0 for all slots."""
+def _add_rows_off_margin(target, n, status, rows, coef, count, scale):
+    """:func:`_add_rows` for the slots off the margin set (the bits of ``_add_rows`` there);
+    the margin slots' entries are left unspecified (their rates are never read: a margin
+    gradient stays 0 along a step).
+
+    Where few slots are off the margin (``OFF_MARGIN_SWEEP * k <= n`` for k of them) each is
+    summed down its column of ``rows``, O(k count), instead of sweeping all n slots,
+    O(n count): with every key on the margin that sweep was half of each step's work.
+    """
+    k = 0
+    for i in range(n):
+        if status[i] != MARGIN:
+            k += 1
+    if OFF_MARGIN_SWEEP * k > n:
+        _add_rows(target, n, rows, coef, count, scale)
+        return
+    for i in range(n):
+        if status[i] == MARGIN:
+            continue
+        t = target[i]
+        p = 0
+        while p + 4 <= count:
+            t = (((t + (scale * coef[p]) * rows[p, i]) + (scale * coef[p + 1]) * rows[p + 1, i])
+                 + (scale * coef[p + 2]) * rows[p + 2, i]) + (scale * coef[p + 3]) * rows[p + 3, i]
+            p += 4
+        while p < count:
+            t += (scale * coef[p]) * rows[p, i]
+            p += 1
+        target[i] = t
+
+
+@njit
+def _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam, status):
+    """beta = -R [1; 2 K_Sc] and gamma_i = 2 K_ic + 2 K_iS beta_S + beta_0 for the slots off
+    the margin set (:func:`_add_rows_off_margin`)."""
     vbuf[0] = 1.0
     for p in range(m):
         vbuf[p + 1] = 2.0 * kc[S[p]]
@@ -268,7 +307,7 @@ def _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam):
     b0 = beta[0]
     for i in range(n):
         gam[i] = 2.0 * kc[i] + b0
-    _add_rows(gam, n, KSt, beta[1:], m, 2.0)
+    _add_rows_off_margin(gam, n, status, KSt, beta[1:], m, 2.0)
 
 
 @njit
@@ -676,7 +715,7 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
     C = fs[_C]
     anchor = ist[_ANCHOR]
     big = np.iinfo(np.int64).max
-    _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam)
+    _sensitivities(n, m, S, KSt, R, kc, beta, vbuf, gam, status)
     tbest = np.inf
     tiebest = big
     kind = _EV_NONE
@@ -784,16 +823,19 @@ def inverse_probe_residual(R, m, S, KSt, w, z):
     if m == 0:
         return 0.0
     w[0] = m
-    # w[p + 1] = 1 + sum_q 2 (K'[S[q], S[p]] + 1), q increasing. K' is symmetric to the bit
-    # (every kernel entry is the same sum of squared coordinate differences, whichever key
-    # comes first), so it is read along the contiguous row KSt[p] = K'[S[p], :]: four rows at
-    # a time, four independent sums, each in the order above - the same bits.
+    # w[p + 1] = 1 + sum_j 2 (K'[j, S[p]] + 1) over the margin slots j in increasing order.
+    # K' is symmetric to the bit (every kernel entry is the same sum of squared coordinate
+    # differences, whichever key comes first), so it is read along the contiguous row
+    # KSt[p] = K'[S[p], :]: four rows at a time, four independent sums, each in the order
+    # above - the same bits. In slot order the reads go forward through each row (in S's
+    # order they jumped about it: 2-3x slower with every one of 2,048 keys on the margin).
+    slots = np.sort(S[:m])
     p = 0
     while p + 4 <= m:
         r0, r1, r2, r3 = KSt[p], KSt[p + 1], KSt[p + 2], KSt[p + 3]
         s0 = s1 = s2 = s3 = 1.0
         for q in range(m):
-            j = S[q]
+            j = slots[q]
             s0 += 2.0 * (r0[j] + 1.0)
             s1 += 2.0 * (r1[j] + 1.0)
             s2 += 2.0 * (r2[j] + 1.0)
@@ -807,7 +849,7 @@ def inverse_probe_residual(R, m, S, KSt, w, z):
         row = KSt[p]
         s = 1.0
         for q in range(m):
-            s += 2.0 * (row[S[q]] + 1.0)
+            s += 2.0 * (row[slots[q]] + 1.0)
         w[p + 1] = s
         p += 1
     worst = 0.0
