@@ -237,6 +237,49 @@ def _matvec(R, m1, v, out, scale):
 
 
 @njit
+def _matvec2(R, m1, v, out, u, out2):
+    """out[:m1] = R[:m1, :m1] v and out2[:m1] = R[:m1, :m1] u in one pass over R, each entry
+    in :func:`_matvec`'s bits (its sum in increasing j, four rows side by side). On a large
+    margin set R does not stay in cache between two passes: one pass for two products costs
+    about what one does."""
+    i = 0
+    while i + 4 <= m1:
+        r0, r1, r2, r3 = R[i], R[i + 1], R[i + 2], R[i + 3]
+        s0 = s1 = s2 = s3 = 0.0
+        t0 = t1 = t2 = t3 = 0.0
+        for j in range(m1):
+            vj = v[j]
+            uj = u[j]
+            s0 += r0[j] * vj
+            s1 += r1[j] * vj
+            s2 += r2[j] * vj
+            s3 += r3[j] * vj
+            t0 += r0[j] * uj
+            t1 += r1[j] * uj
+            t2 += r2[j] * uj
+            t3 += r3[j] * uj
+        out[i] = s0
+        out[i + 1] = s1
+        out[i + 2] = s2
+        out[i + 3] = s3
+        out2[i] = t0
+        out2[i + 1] = t1
+        out2[i + 2] = t2
+        out2[i + 3] = t3
+        i += 4
+    while i < m1:
+        row = R[i]
+        s = 0.0
+        t = 0.0
+        for j in range(m1):
+            s += row[j] * v[j]
+            t += row[j] * u[j]
+        out[i] = s
+        out2[i] = t
+        i += 1
+
+
+@njit
 def _add_rows(target, n, rows, coef, count, scale):
     """target[:n] += scale * coef[p] * rows[p, :n] for p < count, in increasing p for each i.
 
@@ -822,6 +865,28 @@ def inverse_probe_residual(R, m, S, KSt, w, z):
     when the caller does not need ``z``: ``z`` is written after ``w`` is read)."""
     if m == 0:
         return 0.0
+    _probe_vector(m, S, KSt, w)
+    prod = np.empty(m + 1)
+    _matvec(R, m + 1, w, prod, 1.0)
+    return _probe_error(prod, m)
+
+
+@njit
+def probe_and_newton_step(R, m, S, KSt, w, r, du):
+    """:func:`inverse_probe_residual` (``w``: scratch) and, from the same pass over R,
+    ``du[:m + 1] = R r`` - the Newton direction of ``_rest.correct`` for the residuals ``r``,
+    in :func:`_matvec`'s bits. ``w``, ``r`` and ``du`` are distinct vectors of length >= m + 1."""
+    if m == 0:
+        return 0.0
+    _probe_vector(m, S, KSt, w)
+    prod = np.empty(m + 1)
+    _matvec2(R, m + 1, w, prod, r, du)
+    return _probe_error(prod, m)
+
+
+@njit
+def _probe_vector(m, S, KSt, w):
+    """w[:m + 1] = M_K 1 (:func:`inverse_probe_residual`)."""
     w[0] = m
     # w[p + 1] = 1 + sum_j 2 (K'[j, S[p]] + 1) over the margin slots j in increasing order.
     # K' is symmetric to the bit (every kernel entry is the same sum of squared coordinate
@@ -852,11 +917,14 @@ def inverse_probe_residual(R, m, S, KSt, w, z):
             s += 2.0 * (row[slots[q]] + 1.0)
         w[p + 1] = s
         p += 1
+
+
+@njit
+def _probe_error(prod, m):
+    """max |prod - T 1| for prod = R (M_K 1): the probe's residual on the unshifted scale."""
     worst = 0.0
     border = 0.0
     first = 0.0
-    prod = np.empty(m + 1)
-    _matvec(R, m + 1, w, prod, 1.0)
     for i in range(m + 1):
         s = prod[i]
         if i == 0:
