@@ -313,15 +313,12 @@ def _add_rows_off_margin(target, n, status, rows, coef, count, scale):
     the margin slots' entries are left unspecified (their rates are never read: a margin
     gradient stays 0 along a step).
 
-    Where few slots are off the margin (``OFF_MARGIN_SWEEP * k <= n`` for k of them) each is
-    summed down its column of ``rows``, O(k count), instead of sweeping all n slots,
-    O(n count): with every key on the margin that sweep was half of each step's work.
+    Where few slots are off the margin (``OFF_MARGIN_SWEEP * k <= n`` for the k = n - count of
+    them, ``count`` the margin rows) each is summed down its column of ``rows``, O(k count),
+    instead of sweeping all n slots, O(n count): with every key on the margin that sweep was
+    half of each step's work.
     """
-    k = 0
-    for i in range(n):
-        if status[i] != MARGIN:
-            k += 1
-    if OFF_MARGIN_SWEEP * k > n:
+    if OFF_MARGIN_SWEEP * (n - count) > n:
         _add_rows(target, n, rows, coef, count, scale)
         return
     for i in range(n):
