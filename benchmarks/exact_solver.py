@@ -18,7 +18,8 @@ A second table, **builds and large margin sets**: for n in {512, 2048} and sigma
 distance x {1, 0.3, 0.1} (the last gives |S| close to n), ``extend`` of all n keys into an empty
 solver (the bulk path: SMO on the Gram matrix and an exact landing) against a scikit-learn fit
 of the same keys and, at n = 512, against the walk replaying the keys one at a time; then the
-median exact deletion against a scikit-learn refit. The bulk build's partition and coefficients
+median of ``--build-deletions`` exact deletions of margin keys (each followed by an untimed
+addition) against a scikit-learn refit. The bulk build's partition and coefficients
 are checked against the walked build where it is timed (n = 512). Then the same for n = 4,000
 keys in d = 384 at sigma = 0.1 x median distance (``--wide-build-sizes``): the kernel matrix is
 nearly the identity and every key is on the margin; each row says how many polishes (fresh
@@ -199,7 +200,7 @@ def _walked_build(X, C, sigma):
         solver_module.BULK_MIN_KEYS = saved
 
 
-def run_build(n, scale, runs, seed, d=D):
+def run_build(n, scale, runs, seed, d=D, n_deletions=15):
     """One row of the builds / large-margin-set table (see the module docstring)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))
@@ -223,7 +224,7 @@ def run_build(n, scale, runs, seed, d=D):
             np.array_equal(walked.margin_ids, solver.margin_ids)
             and np.array_equal(walked.error_ids, solver.error_ids))
     deletions, polishes = [], 0
-    for _ in range(max(5, runs)):
+    for _ in range(n_deletions):
         victim = int(solver.margin_ids[rng.integers(len(solver.margin_ids))]) \
             if len(solver.margin_ids) else int(solver.ids[0])
         before = solver.n_polishes
@@ -387,6 +388,9 @@ def main(argv=None):
                         help="n of the d = 384 rows (sigma 0.1 x median: every key on the "
                              "margin)")
     parser.add_argument("--build-runs", type=int, default=3)
+    parser.add_argument("--build-deletions", type=int, default=15,
+                        help="timed deletions of margin keys per build row (the median is "
+                             "reported; with 5 it moved by a third between runs)")
     parser.add_argument("--large-n", type=int, nargs="*", default=[100_000])
     parser.add_argument("--large-d", type=int, nargs="*", default=list(LARGE_D))
     parser.add_argument("--large-runs", type=int, default=3)
@@ -418,13 +422,15 @@ def main(argv=None):
     builds = []
     for n in args.build_sizes:
         for scale in (1.0, 0.3, 0.1):
-            r = run_build(n, scale, args.build_runs, seed=n + 1)
+            r = run_build(n, scale, args.build_runs, seed=n + 1,
+                          n_deletions=args.build_deletions)
             builds.append(r)
             print(f"n={n} sigma x{scale}: |S|={r['margin']} extend/sklearn "
                   f"{r['extend_over_sklearn']:.1f}x, refit/delete "
                   f"{r['sklearn_refit_over_delete']:.1f}x", flush=True)
     for n in args.wide_build_sizes:
-        r = run_build(n, 0.1, args.build_runs, seed=n + 2, d=WIDE_D)
+        r = run_build(n, 0.1, args.build_runs, seed=n + 2, d=WIDE_D,
+                      n_deletions=args.build_deletions)
         builds.append(r)
         print(f"n={n} d={WIDE_D}: |S|={r['margin']} extend/sklearn "
               f"{r['extend_over_sklearn']:.1f}x, refit/delete "
@@ -442,6 +448,7 @@ def main(argv=None):
                "load_average_1_5_15min": {"start": load_before, "end": os.getloadavg()},
                "setup": {"d": D, "nu": NU, "sigma": "median pairwise distance",
                          "C": "1 / (nu n), fixed", "deletions_per_size": args.deletions,
+                         "deletions_per_build_row": args.build_deletions,
                          "table_runs": args.table_runs,
                          "refits_per_size": args.refits,
                          "timing": "perf_counter, gc paused, medians (min/max in JSON); "

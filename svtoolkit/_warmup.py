@@ -132,7 +132,8 @@ def _warm_solver_rare_paths(solver):
     KSt = np.array([[0.0, -0.5], [-0.5, 0.0]])
     fs = np.zeros(W.FS_SIZE)
     fs[W._REFRESH_LIMIT] = W.REFRESH_PROBE_TOL
-    W.refresh_inverse_if_drifted(np.zeros((3, 3)), 2, S, KSt, fs)
+    status = np.full(2, W.MARGIN, dtype=np.int8)
+    W.refresh_inverse_if_drifted(np.zeros((3, 3)), 2, S, KSt, status, 2, fs)
     # the bulk landing's key-by-key growth of the margin set (near duplicates in its margin)
     R, bk, vbuf = np.zeros((3, 3)), np.zeros(3), np.zeros(3)
     W._grow(R, 0, bk, 0.0)

@@ -459,7 +459,8 @@ class WalkDriver:
         REFRESH_PROBE_TOL). Without it a large margin set whose fresh inverse already probes
         above PROBE_TOL (1.1e-11 at m = 2048) would polish after every operation without
         improving anything."""
-        W.calibrate_probe(self._R, self._m, self._S, self._KSt, self._vbuf, self._fs)
+        W.calibrate_probe(self._R, self._m, self._S, self._KSt, self._status, self._n,
+                          self._vbuf, self._fs)
 
     def _refactorize(self):
         """After a failed audit: polish, then restore the canonical resting state."""

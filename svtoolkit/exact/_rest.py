@@ -64,7 +64,6 @@ from ._walk import (
     delete_slot,
     inverse_probe_residual,
     kappa_floor,
-    probe_and_newton_step,
     walk,
 )
 
@@ -110,7 +109,7 @@ def worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done):
 
 @njit
 def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-           fs, ist, max_events, max_repairs, ready):
+           fs, ist, max_events, max_repairs):
     """Relax every error/reserve point whose gradient sign is wrong, by its own walk.
 
     Such points are keys that were kept out of S as dependent on it (near duplicates): while
@@ -118,12 +117,9 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
     walk with the point as the moving coefficient (up from R, down from E); it transfers mass
     between the point and the margin set it depends on until a bound is met, and strictly
     lowers the objective. Signs are judged after a Newton correction of the equalities.
-    Resumable like :func:`walk`. ``ready``: ``vbuf`` and ``beta`` hold the first correction's
-    residuals and Newton direction for this state (:func:`settle` computed them with the
-    inverse's probe).
+    Resumable like :func:`walk`.
     """
     if ist[_CUR_C] >= 0:
-        ready = False
         code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
                     blocked, fs, ist, ist[_CUR_C], ist[_CUR_MODE], False, max_events)
         if code != DONE:
@@ -133,8 +129,7 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         # judge signs on the corrected state: a walk can leave equality residuals (a point
         # that joined S by a zero-length step keeps its rounding-level gradient)
         code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                       blocked, fs, ist, max_events, ready)
-        ready = False
+                       blocked, fs, ist, max_events)
         if code != DONE:
             return code
         v = worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done)
@@ -175,36 +170,25 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         if ist[_M] == 0 and ist[_N] > 0:
             recenter_rho(alpha, grad, status, fs, ist[_N])
         return DONE
-    ready = False
-    if polish_allowed:
-        if fs[_MIN_PIVOT] < POLISH_PIVOT:
-            return NEED_POLISH
-        m = ist[_M]
-        # the probe's pass over R also gives the repair's first Newton direction: on a large
-        # margin set R leaves the cache between two passes (all 2,048 keys on the margin: a
-        # deletion took 10.5 ms, 5 ms of them the probe, with a pass of its own over R)
-        ready = ist[_CUR_C] < 0 and 0 < m < S.shape[0]
-        if ready:
-            equality_residuals(alpha, grad, S, ist[_N], m, vbuf)
-            probe = probe_and_newton_step(R, m, S, KSt, bk, vbuf, beta)
-        else:
-            probe = inverse_probe_residual(R, m, S, KSt, vbuf, bk)
-        if probe > fs[_PROBE_LIMIT]:
-            return NEED_POLISH
+    if polish_allowed and (
+        fs[_MIN_PIVOT] < POLISH_PIVOT
+        or inverse_probe_residual(R, ist[_M], S, KSt, status, ist[_N], vbuf) > fs[_PROBE_LIMIT]
+    ):
+        return NEED_POLISH
     code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                  blocked, fs, ist, max_events, max_repairs, ready)
+                  blocked, fs, ist, max_events, max_repairs)
     if code != DONE:
         return code
     snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist)
     code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                   blocked, fs, ist, max_events, False)
+                   blocked, fs, ist, max_events)
     if code != DONE:
         return code
     # the correction can leave the rounding of sum(a) on a margin key that a bound event of
     # the correction made the last one: snap it too (then correct what the snap moved)
     if snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist) > 0:
         code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                       blocked, fs, ist, max_events, False)
+                       blocked, fs, ist, max_events)
         if code != DONE:
             return code
     if ist[_M] == 0 and ist[_N] > 0:
@@ -236,23 +220,8 @@ def _consistent(alpha, status, fs, ist):
 
 
 @njit
-def equality_residuals(alpha, grad, S, n, m, r):
-    """r[:m + 1] = [1 - sum(a); -g_S] (sum in slot order), the residuals :func:`correct`
-    removes; returns their largest magnitude."""
-    total = 0.0
-    for i in range(n):
-        total += alpha[i]
-    r[0] = 1.0 - total
-    worst = abs(r[0])
-    for p in range(m):
-        r[p + 1] = -grad[S[p]]
-        worst = max(worst, abs(r[p + 1]))
-    return worst
-
-
-@njit
 def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, blocked, fs,
-            ist, max_events, ready):
+            ist, max_events):
     """Remove the equality residuals of the partition by a walk along the Newton direction.
 
     Residuals r = [1 - sum(a); -g_S] (the gradients are kept consistent with the
@@ -263,9 +232,6 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
     residual. After rounding-level drift the full step is taken at once (one O(n m) pass);
     after an inexact inverse (ill-conditioned S, see POLISH_PIVOT) the events keep every
     coefficient in its box where a plain Newton step would throw it out.
-
-    ``ready``: ``r`` already holds this state's residuals and ``du`` their direction R r
-    (:func:`settle` computes them with the inverse's probe).
 
     Returns DONE, NEED_MARGIN_CAPACITY or TOO_MANY_EVENTS.
     """
@@ -282,17 +248,17 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
             return DONE
         if m == S.shape[0]:
             return NEED_MARGIN_CAPACITY
-        if ready:  # r and du were computed for this state
-            worst = 0.0
-            for p in range(m + 1):
-                worst = max(worst, abs(r[p]))
-        else:
-            worst = equality_residuals(alpha, grad, S, n, m, r)
+        total = 0.0
+        for i in range(n):
+            total += alpha[i]
+        r[0] = 1.0 - total
+        worst = abs(r[0])
+        for p in range(m):
+            r[p + 1] = -grad[S[p]]
+            worst = max(worst, abs(r[p + 1]))
         if worst <= CORRECT_SKIP:
             return DONE
-        if not ready:
-            _matvec(R, m + 1, r, du, 1.0)
-        ready = False
+        _matvec(R, m + 1, r, du, 1.0)
         # gradient rates of the non-margin points along the direction
         for i in range(n):
             gam[i] = du[0]

@@ -237,49 +237,6 @@ def _matvec(R, m1, v, out, scale):
 
 
 @njit
-def _matvec2(R, m1, v, out, u, out2):
-    """out[:m1] = R[:m1, :m1] v and out2[:m1] = R[:m1, :m1] u in one pass over R, each entry
-    in :func:`_matvec`'s bits (its sum in increasing j, four rows side by side). On a large
-    margin set R does not stay in cache between two passes: one pass for two products costs
-    about what one does."""
-    i = 0
-    while i + 4 <= m1:
-        r0, r1, r2, r3 = R[i], R[i + 1], R[i + 2], R[i + 3]
-        s0 = s1 = s2 = s3 = 0.0
-        t0 = t1 = t2 = t3 = 0.0
-        for j in range(m1):
-            vj = v[j]
-            uj = u[j]
-            s0 += r0[j] * vj
-            s1 += r1[j] * vj
-            s2 += r2[j] * vj
-            s3 += r3[j] * vj
-            t0 += r0[j] * uj
-            t1 += r1[j] * uj
-            t2 += r2[j] * uj
-            t3 += r3[j] * uj
-        out[i] = s0
-        out[i + 1] = s1
-        out[i + 2] = s2
-        out[i + 3] = s3
-        out2[i] = t0
-        out2[i + 1] = t1
-        out2[i + 2] = t2
-        out2[i + 3] = t3
-        i += 4
-    while i < m1:
-        row = R[i]
-        s = 0.0
-        t = 0.0
-        for j in range(m1):
-            s += row[j] * v[j]
-            t += row[j] * u[j]
-        out[i] = s
-        out2[i] = t
-        i += 1
-
-
-@njit
 def _add_rows(target, n, rows, coef, count, scale):
     """target[:n] += scale * coef[p] * rows[p, :n] for p < count, in increasing p for each i.
 
@@ -322,18 +279,11 @@ def _add_rows_off_margin(target, n, status, rows, coef, count, scale):
         _add_rows(target, n, rows, coef, count, scale)
         return
     for i in range(n):
-        if status[i] == MARGIN:
-            continue
-        t = target[i]
-        p = 0
-        while p + 4 <= count:
-            t = (((t + (scale * coef[p]) * rows[p, i]) + (scale * coef[p + 1]) * rows[p + 1, i])
-                 + (scale * coef[p + 2]) * rows[p + 2, i]) + (scale * coef[p + 3]) * rows[p + 3, i]
-            p += 4
-        while p < count:
-            t += (scale * coef[p]) * rows[p, i]
-            p += 1
-        target[i] = t
+        if status[i] != MARGIN:
+            t = target[i]
+            for p in range(count):  # the sweep's sum too: each entry adds in increasing p
+                t += (scale * coef[p]) * rows[p, i]
+            target[i] = t
 
 
 @njit
@@ -520,11 +470,11 @@ def _leave(j, new_status, alpha, grad, status, spos, S, KSt, R, fs, ist):
     ist[_LAST_LEFT] = j
     ist[_EPOCH] += 1  # S shrank: points blocked as dependent on the old S may enter again
     if fs[_MIN_PIVOT] < POLISH_PIVOT and m > 1:
-        refresh_inverse_if_drifted(R, m - 1, S, KSt, fs)
+        refresh_inverse_if_drifted(R, m - 1, S, KSt, status, n, fs)
 
 
 @njit
-def refresh_inverse_if_drifted(R, m, S, KSt, fs):
+def refresh_inverse_if_drifted(R, m, S, KSt, status, n, fs):
     """Refactorise R from K'_SS when its probe exceeds fs[_REFRESH_LIMIT] (O(m^2), O(m^3) to
     refresh), and set that threshold from the result (REFRESH_PROBE_TOL in the table above).
 
@@ -534,7 +484,7 @@ def refresh_inverse_if_drifted(R, m, S, KSt, fs):
     apart during warm-up). A factorised inverse solves the border row (the sum) to rounding.
     """
     w = np.empty(m + 1)
-    before = inverse_probe_residual(R, m, S, KSt, w, w)
+    before = inverse_probe_residual(R, m, S, KSt, status, n, w)
     if before <= fs[_REFRESH_LIMIT]:
         return
     M = np.zeros((m + 1, m + 1))
@@ -549,17 +499,17 @@ def refresh_inverse_if_drifted(R, m, S, KSt, fs):
             R[i, j] = fresh[i, j]
     # a refresh that did not improve the probe 4x met the fresh inverse's own floor: the next
     # ones wait for drift above it; one that did goes back to REFRESH_PROBE_TOL
-    floor = inverse_probe_residual(R, m, S, KSt, w, w)
+    floor = inverse_probe_residual(R, m, S, KSt, status, n, w)
     fs[_REFRESH_LIMIT] = REFRESH_PROBE_TOL if 4.0 * floor <= before else 4.0 * floor
 
 
 @njit
-def calibrate_probe(R, m, S, KSt, w, fs):
+def calibrate_probe(R, m, S, KSt, status, n, w, fs):
     """After a fresh factorisation R: the rest state's probe threshold fs[_PROBE_LIMIT] = 4x
     R's own probe (the factorisation's rounding floor), at least PROBE_TOL and, while a margin
     key's Schur complement 1 / |R_kk| is below POLISH_PIVOT, at most PROBE_TOL_MAX; the
     in-walk refresh's back to REFRESH_PROBE_TOL. ``w``: scratch, length >= m + 1."""
-    floor = inverse_probe_residual(R, m, S, KSt, w, w)
+    floor = inverse_probe_residual(R, m, S, KSt, status, n, w)
     limit = max(PROBE_TOL, 4.0 * floor)
     for k in range(1, m + 1):
         if abs(R[k, k]) * POLISH_PIVOT > 1.0:
@@ -853,55 +803,48 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
 
 
 @njit
-def inverse_probe_residual(R, m, S, KSt, w, z):
+def inverse_probe_residual(R, m, S, KSt, status, n, w):
     """max |R_K (M_K v) - v| for v = 1, M_K = [[0, 1^T], [1, 2 K_SS]] the unshifted bordered
     matrix and R_K = T^{-1} R its inverse (module docstring): an O(m^2) check that R is still
     the inverse, on the scale of the unshifted system. (Probing the shifted system directly
     would read its own rounding as drift: on well-separated keys M' 1 has entries ~2m.)
-    ``w`` and ``z`` are scratch vectors of length >= m + 1 (they may be the same array only
-    when the caller does not need ``z``: ``z`` is written after ``w`` is read)."""
+    ``status``: the slots' sets (the margin slots are S's), ``n`` the live slots; ``w`` a
+    scratch vector of length >= m + 1."""
     if m == 0:
         return 0.0
-    _probe_vector(m, S, KSt, w)
-    prod = np.empty(m + 1)
-    _matvec(R, m + 1, w, prod, 1.0)
-    return _probe_error(prod, m)
-
-
-@njit
-def probe_and_newton_step(R, m, S, KSt, w, r, du):
-    """:func:`inverse_probe_residual` (``w``: scratch) and, from the same pass over R,
-    ``du[:m + 1] = R r`` - the Newton direction of ``_rest.correct`` for the residuals ``r``,
-    in :func:`_matvec`'s bits. ``w``, ``r`` and ``du`` are distinct vectors of length >= m + 1."""
-    if m == 0:
-        return 0.0
-    _probe_vector(m, S, KSt, w)
-    prod = np.empty(m + 1)
-    _matvec2(R, m + 1, w, prod, r, du)
-    return _probe_error(prod, m)
-
-
-@njit
-def _probe_vector(m, S, KSt, w):
-    """w[:m + 1] = M_K 1 (:func:`inverse_probe_residual`)."""
-    w[0] = m
-    # w[p + 1] = 1 + sum_j 2 (K'[j, S[p]] + 1) over the margin slots j in increasing order.
+    # w = M_K 1: w[0] = m, w[p + 1] = 1 + sum_j 2 (K'[j, S[p]] + 1) over the margin slots j.
     # K' is symmetric to the bit (every kernel entry is the same sum of squared coordinate
-    # differences, whichever key comes first), so it is read along the contiguous row
-    # KSt[p] = K'[S[p], :]: four rows at a time, four independent sums, each in the order
-    # above - the same bits. In slot order the reads go forward through each row (in S's
-    # order they jumped about it: 2-3x slower with every one of 2,048 keys on the margin).
-    slots = np.sort(S[:m])
+    # differences, whichever key comes first), so each sum is read along the contiguous row
+    # KSt[p] = K'[S[p], :], four rows at a time (four independent sums). Where at least a
+    # quarter of the n slots are on the margin the rows are streamed in slot order, the margin
+    # slots weighted 2 and the others 0 (each sum takes the margin slots in increasing slot
+    # order); elsewhere the margin slots are gathered in S's order (O(m^2), not O(m n)). With
+    # all 2,048 keys on the margin the gather jumped about each row: 4x slower than the stream.
+    w[0] = m
+    stream = 4 * m >= n
+    weight = np.zeros(n if stream else 0)
+    if stream:
+        for i in range(n):
+            if status[i] == MARGIN:
+                weight[i] = 2.0
     p = 0
     while p + 4 <= m:
         r0, r1, r2, r3 = KSt[p], KSt[p + 1], KSt[p + 2], KSt[p + 3]
         s0 = s1 = s2 = s3 = 1.0
-        for q in range(m):
-            j = slots[q]
-            s0 += 2.0 * (r0[j] + 1.0)
-            s1 += 2.0 * (r1[j] + 1.0)
-            s2 += 2.0 * (r2[j] + 1.0)
-            s3 += 2.0 * (r3[j] + 1.0)
+        if stream:
+            for i in range(n):
+                c = weight[i]  # 0 (+0.0 changes no sum) or 2: 2 (K' + 1) as in the gather
+                s0 += c * (r0[i] + 1.0)
+                s1 += c * (r1[i] + 1.0)
+                s2 += c * (r2[i] + 1.0)
+                s3 += c * (r3[i] + 1.0)
+        else:
+            for q in range(m):
+                j = S[q]
+                s0 += 2.0 * (r0[j] + 1.0)
+                s1 += 2.0 * (r1[j] + 1.0)
+                s2 += 2.0 * (r2[j] + 1.0)
+                s3 += 2.0 * (r3[j] + 1.0)
         w[p + 1] = s0
         w[p + 2] = s1
         w[p + 3] = s2
@@ -909,16 +852,17 @@ def _probe_vector(m, S, KSt, w):
         p += 4
     while p < m:
         row = KSt[p]
-        s = 1.0
-        for q in range(m):
-            s += 2.0 * (row[slots[q]] + 1.0)
-        w[p + 1] = s
+        t = 1.0
+        if stream:
+            for i in range(n):
+                t += weight[i] * (row[i] + 1.0)
+        else:
+            for q in range(m):
+                t += 2.0 * (row[S[q]] + 1.0)
+        w[p + 1] = t
         p += 1
-
-
-@njit
-def _probe_error(prod, m):
-    """max |prod - T 1| for prod = R (M_K 1): the probe's residual on the unshifted scale."""
+    prod = np.empty(m + 1)
+    _matvec(R, m + 1, w, prod, 1.0)
     worst = 0.0
     border = 0.0
     first = 0.0
