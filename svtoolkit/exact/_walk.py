@@ -816,35 +816,29 @@ def inverse_probe_residual(R, m, S, KSt, status, n, w):
     # K' is symmetric to the bit (every kernel entry is the same sum of squared coordinate
     # differences, whichever key comes first), so each sum is read along the contiguous row
     # KSt[p] = K'[S[p], :], four rows at a time (four independent sums). Where at least a
-    # quarter of the n slots are on the margin the rows are streamed in slot order, the margin
-    # slots weighted 2 and the others 0 (each sum takes the margin slots in increasing slot
-    # order); elsewhere the margin slots are gathered in S's order (O(m^2), not O(m n)). With
-    # all 2,048 keys on the margin the gather jumped about each row: 4x slower than the stream.
-    w[0] = m
-    stream = 4 * m >= n
-    weight = np.zeros(n if stream else 0)
-    if stream:
+    # quarter of the n slots are on the margin, j runs over them in increasing slot order (found
+    # by a pass over the slots), so the reads go forward through each row; elsewhere in S's
+    # order. With all 2,048 keys on the margin S's order jumped about each row: 3x slower.
+    if 4 * m >= n:
+        slots = np.empty(m, dtype=np.int64)
+        q = 0
         for i in range(n):
-            if status[i] == MARGIN:
-                weight[i] = 2.0
+            if status[i] == MARGIN and q < m:
+                slots[q] = i
+                q += 1
+    else:
+        slots = S[:m]
+    w[0] = m
     p = 0
     while p + 4 <= m:
         r0, r1, r2, r3 = KSt[p], KSt[p + 1], KSt[p + 2], KSt[p + 3]
         s0 = s1 = s2 = s3 = 1.0
-        if stream:
-            for i in range(n):
-                c = weight[i]  # 0 (+0.0 changes no sum) or 2: 2 (K' + 1) as in the gather
-                s0 += c * (r0[i] + 1.0)
-                s1 += c * (r1[i] + 1.0)
-                s2 += c * (r2[i] + 1.0)
-                s3 += c * (r3[i] + 1.0)
-        else:
-            for q in range(m):
-                j = S[q]
-                s0 += 2.0 * (r0[j] + 1.0)
-                s1 += 2.0 * (r1[j] + 1.0)
-                s2 += 2.0 * (r2[j] + 1.0)
-                s3 += 2.0 * (r3[j] + 1.0)
+        for q in range(m):
+            j = slots[q]
+            s0 += 2.0 * (r0[j] + 1.0)
+            s1 += 2.0 * (r1[j] + 1.0)
+            s2 += 2.0 * (r2[j] + 1.0)
+            s3 += 2.0 * (r3[j] + 1.0)
         w[p + 1] = s0
         w[p + 2] = s1
         w[p + 3] = s2
@@ -853,12 +847,8 @@ def inverse_probe_residual(R, m, S, KSt, status, n, w):
     while p < m:
         row = KSt[p]
         t = 1.0
-        if stream:
-            for i in range(n):
-                t += weight[i] * (row[i] + 1.0)
-        else:
-            for q in range(m):
-                t += 2.0 * (row[S[q]] + 1.0)
+        for q in range(m):
+            t += 2.0 * (row[slots[q]] + 1.0)
         w[p + 1] = t
         p += 1
     prod = np.empty(m + 1)
