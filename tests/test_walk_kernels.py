@@ -73,6 +73,7 @@ def test_add_rows_off_margin_has_the_sweeps_bits_off_the_margin(off):
     assert (W.OFF_MARGIN_SWEEP * off <= n) == (off in (0, 1, 3))
     assert np.array_equal(target[:n][outside], swept[:n][outside])
 
+
 @pytest.mark.parametrize("m", [1, 2, 5, 9, 16])
 @pytest.mark.parametrize("q", ["first", "middle", "last"])
 def test_shrink_removes_row_and_column_q_as_the_plain_downdate(m, q):
@@ -131,7 +132,7 @@ def test_the_inverse_probe_is_its_definition(m):
     R = np.zeros((m + 3, m + 3))
     R[: m + 1, : m + 1] = np.linalg.inv(M) if m > 1 else np.linalg.pinv(M)
     # the sums take the margin keys in slot order where at least a quarter of the slots are
-    # on the margin (the rows are streamed), else in S's order (gathered)
+    # on the margin (listed by a pass over the slots), else in S's order
     order = np.argsort(S) if 4 * m >= n else np.arange(m)
     w = [float(m)]
     for p in range(m):

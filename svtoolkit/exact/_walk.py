@@ -259,8 +259,9 @@ def _add_rows(target, n, rows, coef, count, scale):
 
 
 #: :func:`_add_rows_off_margin` sums column by column when at most 1 / OFF_MARGIN_SWEEP of the
-#: slots are off the margin. Measured on 2,048 slots with 2,047 margin rows (Intel Xeon): a
-#: sweep 2.3 ms; columns 0.01 ms for one slot, 0.7 ms for 64, 1.2 ms for 128, 2.5 ms for 256.
+#: slots are off the margin. Measured on 2,048 slots, their rows in cache (Intel Xeon): a sweep
+#: of 2,047 rows 1.2 ms; columns 0.01 ms for one slot, 0.35 ms for 64, 0.58 ms for 128, and
+#: 1.2 ms for 256 (the break-even, n / 8; the rule keeps a margin of two).
 OFF_MARGIN_SWEEP = 16
 
 
@@ -819,15 +820,16 @@ def inverse_probe_residual(R, m, S, KSt, status, n, w):
     # quarter of the n slots are on the margin, j runs over them in increasing slot order (found
     # by a pass over the slots), so the reads go forward through each row; elsewhere in S's
     # order. With all 2,048 keys on the margin S's order jumped about each row: 3x slower.
+    slots = S[:m]
     if 4 * m >= n:
-        slots = np.empty(m, dtype=np.int64)
+        listed = np.empty(m, dtype=np.int64)
         q = 0
         for i in range(n):
             if status[i] == MARGIN and q < m:
-                slots[q] = i
+                listed[q] = i
                 q += 1
-    else:
-        slots = S[:m]
+        if q == m:  # always, while status agrees with S
+            slots = listed
     w[0] = m
     p = 0
     while p + 4 <= m:
