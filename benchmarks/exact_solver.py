@@ -200,7 +200,7 @@ def _walked_build(X, C, sigma):
         solver_module.BULK_MIN_KEYS = saved
 
 
-def run_build(n, scale, runs, seed, d=D, n_deletions=15):
+def run_build(n, scale, runs, seed, n_deletions, d=D):
     """One row of the builds / large-margin-set table (see the module docstring)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))
@@ -422,15 +422,13 @@ def main(argv=None):
     builds = []
     for n in args.build_sizes:
         for scale in (1.0, 0.3, 0.1):
-            r = run_build(n, scale, args.build_runs, seed=n + 1,
-                          n_deletions=args.build_deletions)
+            r = run_build(n, scale, args.build_runs, n + 1, args.build_deletions)
             builds.append(r)
             print(f"n={n} sigma x{scale}: |S|={r['margin']} extend/sklearn "
                   f"{r['extend_over_sklearn']:.1f}x, refit/delete "
                   f"{r['sklearn_refit_over_delete']:.1f}x", flush=True)
     for n in args.wide_build_sizes:
-        r = run_build(n, 0.1, args.build_runs, seed=n + 2, d=WIDE_D,
-                      n_deletions=args.build_deletions)
+        r = run_build(n, 0.1, args.build_runs, n + 2, args.build_deletions, d=WIDE_D)
         builds.append(r)
         print(f"n={n} d={WIDE_D}: |S|={r['margin']} extend/sklearn "
               f"{r['extend_over_sklearn']:.1f}x, refit/delete "

@@ -21,10 +21,11 @@ __all__ = ["warmup", "kernel_modules", "announce_compilation", "COMPILE_NOTICE"]
 
 #: The line :func:`announce_compilation` prints. The figure: the first change of a memory store
 #: on an empty cache (walk and settle kernels, :func:`svtoolkit.exact._warmup.prepare_changes`),
-#: wall time on the 2-core machines measured: 10-15 s idle and 13-17 s beside a busy process
-#: (on an Intel Xeon a first `memory add` 10.0-10.2 s idle and 13.0-13.1 s busy, a first
-#: `forget` 11.7-12.0 s and 15.0-15.4 s; 27 s there before the two-process compilation); one
-#: CPU alone compiles every kernel in one process, about 17-21 s idle.
+#: wall time on the 2-core machines measured: 10-15 s idle and 13-19 s beside a busy process
+#: (on an Intel Xeon a first `memory add` 10.0-11.8 s idle and 13.0-16.6 s busy, a first
+#: `forget` 11.7-14.1 s and 15.0-18.6 s, the spread between hours of one day; 27 s there before
+#: the two-process compilation); one CPU alone compiles every kernel in one process, about
+#: 17-21 s idle.
 COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (about 15 s; later runs "
                   "load them from Numba's cache; `svtoolkit warmup` compiles all of them "
                   "ahead of time)...")

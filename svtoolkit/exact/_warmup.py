@@ -144,11 +144,11 @@ def prepare_changes(deletions=True):
     The steps of :data:`CHANGE_PLAN` run in order; in each, one list of kernels compiles here
     while the other compiles in a child process (a fresh interpreter that imports this same
     package and writes the same Numba cache), and the next step waits for both. On an empty
-    cache, a first ``svtoolkit memory add`` took 10.0-10.2 s idle on a 2-core Intel Xeon (about
-    21 s of compilation in one process) and 13.0-13.1 s beside a busy process (the second core
-    is taken; two runs each). With a warm cache, or one CPU, it does nothing (the kernels load,
-    or compile, as they are first called). A child that fails or stops answering costs only
-    time: what it did not compile compiles here.
+    cache, a first ``svtoolkit memory add`` took 10.0-11.8 s idle on a 2-core Intel Xeon (about
+    21 s of compilation in one process) and 13.0-16.6 s beside a busy process (the second core
+    is taken; two runs each at two hours of one day). With a warm cache, or one CPU, it does
+    nothing (the kernels load, or compile, as they are first called). A child that fails or
+    stops answering costs only time: what it did not compile compiles here.
 
     Parameters
     ----------
