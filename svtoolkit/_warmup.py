@@ -34,10 +34,10 @@ COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (about 15 s; 
 def kernel_modules():
     """The modules that define ``@njit`` kernels, imported (each kernel is a module global)."""
     from . import _fista, kernels
-    from .exact import _bulk, _consistency, _rest, _walk
+    from .exact import _bulk, _consistency, _factor, _rest, _walk
     from .memory import _search
 
-    return (kernels, _walk, _rest, _bulk, _consistency, _fista, _search)
+    return (kernels, _walk, _rest, _bulk, _consistency, _factor, _fista, _search)
 
 
 def announce_compilation():
@@ -122,7 +122,9 @@ def _warm_gram_free_bulk(rng):
 def _warm_solver_rare_paths(solver):
     # kernels the solver calls only on paths tiny inputs do not take (the matrix-product
     # gradients of large wide problems, the audit of the margin rows), with the same types
+    from .exact import _consistency as CS
     from .exact import _walk as W
+    from .exact._factor import bordered_inverse
 
     n = len(solver)
     Xt = np.ascontiguousarray(np.zeros((3, n)))
@@ -139,6 +141,8 @@ def _warm_solver_rare_paths(solver):
     R, bk, vbuf = np.zeros((3, 3)), np.zeros(3), np.zeros(3)
     W._grow(R, 0, bk, 0.0)
     W._grow(R, 1, bk, W._schur(1, S, KSt, R, 1, bk, vbuf))
+    # a fresh inverse by its Cholesky route (distant keys: K_SS = I, well conditioned)
+    bordered_inverse(CS.bordered_matrix(S, np.full((2, 2), -1.0) + np.eye(2), 2))
 
 
 def _warm_memory():

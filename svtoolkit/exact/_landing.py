@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _bulk as B
 from . import _walk as W
+from ._factor import bordered_inverse
 
 #: The Gram-free SMO keeps at most this many bytes of kernel columns (an LRU cache; 335
 #: columns at n = 10^5) ...
@@ -134,7 +135,7 @@ def factor_margin(rows, order, S, spos, status, KSt, R, ist):
     m = len(order)
     M = B.bordered_margin_matrix(rows, np.ascontiguousarray(order, dtype=np.int64))
     try:
-        inverse = np.linalg.inv(M)
+        inverse = bordered_inverse(M)
     except np.linalg.LinAlgError:
         return 0
     # 1 / |R_kk| < KAPPA_TOL, written without the division (an R_kk of exactly 0 occurs)

@@ -1,0 +1,104 @@
+"""The fresh inverse of the bordered margin matrix (``svtoolkit.exact._factor``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from svtoolkit import rbf_kernel
+from svtoolkit.exact import _factor as F
+
+EPS = 2.0**-52
+
+
+def bordered(K):
+    """M' = [[0, 1^T], [1, 2 (K - 1)]] of a kernel matrix K (m, m)."""
+    m = K.shape[0]
+    M = np.zeros((m + 1, m + 1))
+    M[0, 1:] = M[1:, 0] = 1.0
+    M[1:, 1:] = 2.0 * (K - 1.0)
+    return M
+
+
+def gaussian_bordered(m, d, width, seed=0):
+    """M' of m Gaussian keys in R^d under a kernel ``width`` x their median distance."""
+    X = np.random.default_rng(seed).standard_normal((m, d))
+    dist = np.sqrt(((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    median = np.median(dist[np.triu_indices(m, 1)]) if m > 1 else 1.0
+    return bordered(rbf_kernel(X, sigma=width * median))
+
+
+def residual_bound(M, R):
+    """A backward-stable inverse has ``|R M - I|_max <= c (m + 1) eps |R|_inf |M|_inf`` with c
+    of order one (LU and Cholesky alike; c = 4 leaves room for the rank-one term and the
+    border's identity, each one rounding per entry)."""
+    norm = lambda A: np.abs(A).sum(axis=1).max()  # noqa: E731
+    return 4.0 * M.shape[0] * EPS * norm(R) * norm(M)
+
+
+def no_lu(monkeypatch):
+    def forbidden(M):
+        raise AssertionError("LU taken where the Cholesky route applies")
+
+    monkeypatch.setattr(F.np.linalg, "inv", forbidden)
+
+
+@pytest.mark.parametrize("m", [1, 2, 63, 64, 65, 130])
+def test_the_cholesky_route_inverts_a_well_conditioned_margin_matrix(m, monkeypatch):
+    """Narrow kernels (cond(2 K) near 1): no LU; R M' = I within the backward-error bound, R
+    exactly symmetric, and R's border what the identity gives (R_00 = 2 - 1/s)."""
+    M = gaussian_bordered(m, 6, 0.2, seed=m)
+    no_lu(monkeypatch)
+    R = F.bordered_inverse(M)
+    assert R.shape == M.shape
+    assert np.array_equal(R, R.T)
+    assert np.abs(R @ M - np.eye(m + 1)).max() <= residual_bound(M, R)
+    u = np.linalg.solve(M[1:, 1:] + 2.0, np.ones(m))
+    assert R[0, 0] == pytest.approx(2.0 - 1.0 / u.sum(), rel=1e-12)
+
+
+def test_the_border_identity_holds_for_any_shift():
+    """B(c)^{-1} = B(0)^{-1} - c e_0 e_0^T for B(c) = [[0, 1^T], [1, A + c 1 1^T]]."""
+    rng = np.random.default_rng(1)
+    G = rng.standard_normal((7, 7))
+    A = G @ G.T + np.eye(7)
+
+    def B(c):
+        out = np.zeros((8, 8))
+        out[0, 1:] = out[1:, 0] = 1.0
+        out[1:, 1:] = A + c
+        return out
+
+    for c in (-2.0, 0.5, 3.0):
+        shifted = np.linalg.inv(B(0.0))
+        shifted[0, 0] -= c
+        np.testing.assert_allclose(np.linalg.inv(B(c)), shifted, atol=1e-12)
+
+
+def test_an_ill_conditioned_margin_matrix_is_inverted_by_lu():
+    """Wide kernels (cond(2 K) far above 1 / CHOLESKY_MIN_RCOND): LU's inverse, to the bit."""
+    M = gaussian_bordered(50, 2, 1.0)
+    assert np.linalg.cond(M[1:, 1:] + 2.0) > 1e3 / F.CHOLESKY_MIN_RCOND
+    np.testing.assert_array_equal(F.bordered_inverse(M), np.linalg.inv(M))
+
+
+def test_the_warm_up_anchor_keeps_the_cholesky_route(monkeypatch):
+    """The anchor's unshifted kernel row is e_anchor (k(anchor, x) = 0, k(anchor, anchor) =
+    1): 2 K_SS stays positive definite, and the Cholesky route inverts M' within the bound."""
+    K = rbf_kernel(np.random.default_rng(2).standard_normal((5, 3)), sigma=0.5)
+    K = np.pad(K, ((0, 1), (0, 1)))
+    K[-1, -1] = 1.0
+    M = bordered(K)
+    no_lu(monkeypatch)
+    R = F.bordered_inverse(M)
+    assert np.abs(R @ M - np.eye(7)).max() <= residual_bound(M, R)
+
+
+def test_a_singular_margin_matrix_raises_as_lu_does():
+    """Two equal keys: M' is singular; the error is LU's LinAlgError (the callers turn it
+    into a SolverFailure with its fallback)."""
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    with pytest.raises(np.linalg.LinAlgError):
+        F.bordered_inverse(bordered(rbf_kernel(X, sigma=1.0)))
+    with pytest.raises(np.linalg.LinAlgError):
+        F.bordered_inverse(np.zeros((1, 1)))  # an empty margin set has no inverse
