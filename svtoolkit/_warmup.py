@@ -142,7 +142,7 @@ def _warm_solver_rare_paths(solver):
     W._grow(R, 0, bk, 0.0)
     W._grow(R, 1, bk, W._schur(1, S, KSt, R, 1, bk, vbuf))
     # a fresh inverse by its Cholesky route (distant keys: K_SS = I, well conditioned)
-    bordered_inverse(CS.bordered_matrix(S, np.full((2, 2), -1.0) + np.eye(2), 2))
+    bordered_inverse(CS.bordered_matrix(S, np.full((2, 2), -1.0) + np.eye(2), 2), R)
 
 
 def _warm_memory():

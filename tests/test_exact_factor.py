@@ -36,6 +36,11 @@ def residual_bound(M, R):
     return 4.0 * M.shape[0] * EPS * norm(R) * norm(M)
 
 
+def inverse(M):
+    """``bordered_inverse`` into a buffer of its own size."""
+    return F.bordered_inverse(M, np.empty_like(M))
+
+
 def no_lu(monkeypatch):
     def forbidden(M):
         raise AssertionError("LU taken where the Cholesky route applies")
@@ -49,7 +54,7 @@ def test_the_cholesky_route_inverts_a_well_conditioned_margin_matrix(m, monkeypa
     exactly symmetric, and R's border what the identity gives (R_00 = 2 - 1/s)."""
     M = gaussian_bordered(m, 6, 0.2, seed=m)
     no_lu(monkeypatch)
-    R = F.bordered_inverse(M)
+    R = inverse(M)
     assert R.shape == M.shape
     assert np.array_equal(R, R.T)
     assert np.abs(R @ M - np.eye(m + 1)).max() <= residual_bound(M, R)
@@ -79,7 +84,7 @@ def test_an_ill_conditioned_margin_matrix_is_inverted_by_lu():
     """Wide kernels (cond(2 K) far above 1 / CHOLESKY_MIN_RCOND): LU's inverse, to the bit."""
     M = gaussian_bordered(50, 2, 1.0)
     assert np.linalg.cond(M[1:, 1:] + 2.0) > 1e3 / F.CHOLESKY_MIN_RCOND
-    np.testing.assert_array_equal(F.bordered_inverse(M), np.linalg.inv(M))
+    np.testing.assert_array_equal(inverse(M), np.linalg.inv(M))
 
 
 def test_the_warm_up_anchor_keeps_the_cholesky_route(monkeypatch):
@@ -90,7 +95,7 @@ def test_the_warm_up_anchor_keeps_the_cholesky_route(monkeypatch):
     K[-1, -1] = 1.0
     M = bordered(K)
     no_lu(monkeypatch)
-    R = F.bordered_inverse(M)
+    R = inverse(M)
     assert np.abs(R @ M - np.eye(7)).max() <= residual_bound(M, R)
 
 
@@ -98,7 +103,21 @@ def test_a_singular_margin_matrix_raises_as_lu_does():
     """Two equal keys: M' is singular; the error is LU's LinAlgError (the callers turn it
     into a SolverFailure with its fallback)."""
     X = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    R = np.full((6, 6), 7.0)
     with pytest.raises(np.linalg.LinAlgError):
-        F.bordered_inverse(bordered(rbf_kernel(X, sigma=1.0)))
+        F.bordered_inverse(bordered(rbf_kernel(X, sigma=1.0)), R)
+    assert (R == 7.0).all()  # nothing written
     with pytest.raises(np.linalg.LinAlgError):
-        F.bordered_inverse(np.zeros((1, 1)))  # an empty margin set has no inverse
+        inverse(np.zeros((1, 1)))  # an empty margin set has no inverse
+
+
+@pytest.mark.parametrize("width", [0.2, 1.0])  # the Cholesky route and LU
+def test_the_inverse_goes_into_the_leading_block_of_a_larger_buffer(width):
+    """The solver's inverse buffer has room for more margin keys: the block is written (the
+    same bits as into a buffer of its own size), the rest left as it was."""
+    M = gaussian_bordered(40, 2, width)
+    R = np.full((50, 50), 7.0)
+    block = F.bordered_inverse(M, R)
+    assert np.shares_memory(block, R) and block.shape == M.shape
+    np.testing.assert_array_equal(block, inverse(M))
+    assert (R[41:] == 7.0).all() and (R[:, 41:] == 7.0).all()

@@ -106,11 +106,11 @@ def test_a_singular_polish_is_a_failure_with_its_fallback(monkeypatch):
     s._fs[driver_module.W._PROBE_LIMIT] = 0.0  # the rest state's probe fails: it polishes
     inverse, calls = driver_module.bordered_inverse, []
 
-    def singular_once(M):
+    def singular_once(M, R):
         if not calls:
             calls.append(M.shape)
             raise np.linalg.LinAlgError("Singular matrix")
-        return inverse(M)
+        return inverse(M, R)
 
     monkeypatch.setattr(driver_module, "bordered_inverse", singular_once)
     s.remove(victim)

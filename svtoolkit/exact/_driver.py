@@ -447,7 +447,7 @@ class WalkDriver:
         self.n_polishes += 1
         if m > 0:
             try:
-                self._R[: m + 1, : m + 1] = bordered_inverse(self._bordered())
+                bordered_inverse(self._bordered(), self._R)
             except np.linalg.LinAlgError as exc:
                 raise self._singular(exc) from exc
             self._calibrate_probe()
@@ -525,7 +525,7 @@ class WalkDriver:
         self._slot_of = {int(i): slot for slot, i in enumerate(slot_ids) if i >= 0}
         fill_kernel_rows(self)
         if m > 0:
-            self._R[: m + 1, : m + 1] = bordered_inverse(self._bordered())
+            bordered_inverse(self._bordered(), self._R)
             self._fs[W._MIN_PIVOT] = np.inf
             self.n_polishes += 1
 

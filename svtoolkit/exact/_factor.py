@@ -45,23 +45,27 @@ CHOLESKY_MIN_RCOND = 1e-6
 _TILE = 64
 
 
-def bordered_inverse(M):
-    """``M'^{-1}`` of a bordered margin matrix, by Cholesky where well conditioned.
+def bordered_inverse(M, R):
+    """``M'^{-1}`` of a bordered margin matrix, by Cholesky where well conditioned, written
+    into the leading block of ``R``.
 
     Parameters
     ----------
     M : ndarray of shape (m + 1, m + 1)
         ``[[0, 1^T], [1, 2 K'_SS]]``, symmetric.
+    R : ndarray of shape (>= m + 1, >= m + 1), C-contiguous
+        Receives the inverse in ``R[:m + 1, :m + 1]`` (the solver's inverse buffer, whose
+        capacity exceeds m: written in place, no second copy of an m x m matrix).
 
     Returns
     -------
     ndarray of shape (m + 1, m + 1)
-        Its inverse, exactly symmetric on the Cholesky route.
+        The block ``R[:m + 1, :m + 1]``, exactly symmetric on the Cholesky route.
 
     Raises
     ------
     numpy.linalg.LinAlgError
-        ``M`` is singular (from LU, as ``np.linalg.inv`` raises it).
+        ``M`` is singular (from LU, as ``np.linalg.inv`` raises it); ``R`` is then unchanged.
     """
     m = M.shape[0] - 1
     if m >= 1:
@@ -73,16 +77,16 @@ def bordered_inverse(M):
             inverse, info = lapack.dpotri(factor, lower=0, overwrite_c=1)
             if info == 0:
                 u = blas.dsymv(1.0, inverse, np.ones(m), lower=0)
-                R = np.empty((m + 1, m + 1))
                 # the upper triangle of the Fortran inverse is the lower one of its transpose
                 _bordered_from_lower(inverse.T, u, float(u.sum()), R)
-                return R
-    return np.linalg.inv(M)
+                return R[: m + 1, : m + 1]
+    R[: m + 1, : m + 1] = np.linalg.inv(M)
+    return R[: m + 1, : m + 1]
 
 
 @njit
 def _bordered_from_lower(L, u, s, R):
-    """Fill ``R`` (m + 1, m + 1) from the lower triangle of ``L = A^{-1}`` (m, m), ``u = L 1``
+    """Fill ``R[:m + 1, :m + 1]`` from the lower triangle of ``L = A^{-1}`` (m, m), ``u = L 1``
     and ``s = 1^T u``: ``R = [[2 - 1/s, w^T], [w, L - u w^T]]`` with ``w = u / s``, written
     symmetric to the bit (each entry computed once, stored at (i, j) and (j, i)), in tiles so
     that the transposed stores stay in cache."""

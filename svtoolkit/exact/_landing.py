@@ -125,24 +125,24 @@ def snap_partition(a, C, status):
 def factor_margin(rows, order, S, spos, status, KSt, R, ist):
     """Margin set = ``order`` by one factorisation, when no key in it is dependent.
 
-    ``rows[p]`` is K'[order[p], :n]. Returns len(order), or 0 (nothing written) when some
-    key's Schur complement against the others, 1 / |R_kk|, is below KAPPA_TOL - the caller
-    then grows S key by key (:func:`grow_margin_from`). That complement is the smallest any
-    order of growth would see for k, so passing it means the walk would have admitted every
-    key. A factorised inverse is what a polish would compute: no small-pivot flag is set (the
-    caller calibrates the inverse probe on it).
+    ``rows[p]`` is K'[order[p], :n]. Returns len(order), or 0 (only R written, which the
+    growth rewrites from its first key) when some key's Schur complement against the others,
+    1 / |R_kk|, is below KAPPA_TOL - the caller then grows S key by key
+    (:func:`grow_margin_from`). That complement is the smallest any order of growth would see
+    for k, so passing it means the walk would have admitted every key. A factorised inverse is
+    what a polish would compute (:func:`_factor.bordered_inverse`): no small-pivot flag is set
+    (the caller calibrates the inverse probe on it).
     """
     m = len(order)
     M = B.bordered_margin_matrix(rows, np.ascontiguousarray(order, dtype=np.int64))
     try:
-        inverse = bordered_inverse(M)
+        inverse = bordered_inverse(M, R)
     except np.linalg.LinAlgError:
         return 0
     # 1 / |R_kk| < KAPPA_TOL, written without the division (an R_kk of exactly 0 occurs)
     if not np.isfinite(inverse).all() \
             or np.max(np.abs(np.diag(inverse)[1:])) > 1.0 / W.KAPPA_TOL:
         return 0
-    R[: m + 1, : m + 1] = inverse
     KSt[:m, : rows.shape[1]] = rows
     S[:m] = order
     ist[W._M] = m

@@ -23,9 +23,9 @@ from . import _bulk as B
 from . import _consistency as CS
 from . import _landing as L
 from . import _walk as W
-from ._factor import bordered_inverse
 from ._consistency import Audit, AuditSlice, Consistency
 from ._driver import BulkFallbackWarning, SolverFailure, WalkDriver
+from ._factor import bordered_inverse
 from ._state import export_state, restore_state, unshifted_inverse
 
 __all__ = ["IncrementalSVDD", "MarginSystem"]
@@ -1206,7 +1206,7 @@ class IncrementalSVDD(WalkDriver):
         if m == 0:
             return 0.0
         M = self._bordered()
-        return _inverse_residual(bordered_inverse(M), M)
+        return _inverse_residual(bordered_inverse(M, np.empty_like(M)), M)
 
     def audit(self):
         """Check the maintained state against a fresh evaluation; refactorise on drift.
