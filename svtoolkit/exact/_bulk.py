@@ -41,14 +41,16 @@ SMO_TOL = 1e-10
 
 @njit
 def shifted_gram(Xt, n, inv_sigma2):
-    """K'[i, j] = k(x_i, x_j) - 1 for the first n columns of Xt (exact zero diagonal)."""
+    """K'[i, j] = k(x_i, x_j) - 1 for the first n columns of Xt (exact zero diagonal).
+
+    Symmetric to the bit without a copy of one triangle into the other: entry (i, j) sums the
+    squares of fl(x_j[k] - x_i[k]) = -fl(x_i[k] - x_j[k]) in the same order of k as entry
+    (j, i), then scales and exponentiates them alike (the copy took 17 ms of 75 at n = 2,048,
+    its stores striding down columns; computing one triangle and copying it saved nothing)."""
     Kp = np.empty((n, n))
     for j in range(n):
         rbf_row_minus_one(Xt, n, Xt[:, j], inv_sigma2, Kp[j])
         Kp[j, j] = 0.0
-    for i in range(n):
-        for j in range(i + 1, n):
-            Kp[j, i] = Kp[i, j]
     return Kp
 
 

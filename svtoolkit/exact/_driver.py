@@ -124,9 +124,13 @@ class WalkDriver:
         KSt[:, :n] = self._KSt[:, :n]
         self._KSt = KSt
 
-    def _grow_margin(self):
+    def _grow_margin(self, at_least=0):
+        """Margin capacity doubled (the walk's growth, amortised O(1) per join), or raised to
+        ``at_least`` where that is more (a landing sizes it to the margin set it installs: at
+        2,048 margin keys a doubled capacity held a 134 MB inverse buffer and 67 MB of margin
+        rows where 34 MB each are used, and a build paid for touching them)."""
         mcap = self._S.shape[0]
-        new = 2 * mcap
+        new = max(2 * mcap, at_least)
         m = self._m
         S = np.zeros(new, dtype=np.int64)
         S[:m] = self._S[:m]
