@@ -1072,6 +1072,23 @@ def test_bulk_build_lands_on_the_walks_state(n, d, nu, sigma, monkeypatch):
     np.testing.assert_allclose(bulk.alpha, walked.alpha, rtol=0, atol=1e-12)
 
 
+def test_a_bulk_landing_sizes_the_margin_buffers_to_its_margin_set():
+    """Every key on the margin (a narrow kernel): the landing holds margin rows and an inverse
+    for that margin set, not for the next power of two (at 2,048 keys a doubled capacity held
+    134 MB of inverse where 34 MB are used); the walk's joins after it still grow them."""
+    n = 300
+    X = np.random.default_rng(3).standard_normal((n, 6))
+    s = IncrementalSVDD(1.0 / (0.4 * n), 0.05)
+    s.extend(X)
+    m = len(s.margin_ids)
+    assert s.n_bulk_builds == 1 and m == n
+    assert s._S.shape[0] == m + 2 and s._R.shape == (m + 3, m + 3)
+    for x in np.random.default_rng(4).standard_normal((3, 6)):  # each joins the margin set
+        s.add(x)
+    assert len(s.margin_ids) == n + 3 and s._S.shape[0] >= n + 4
+    assert s.certified and s.kkt_residual() <= 1e-13
+
+
 def test_bulk_build_of_near_duplicates_matches_the_decision_function(monkeypatch):
     """Clusters of near duplicates (1e-7 apart): keys dependent on the margin set stay at a
     bound, as in the walk; the optimum is flat along the twins' split, so f is compared."""
