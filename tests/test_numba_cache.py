@@ -166,6 +166,7 @@ for argv in (["init", store, "--sigma", "1", "--C", "0.3"],
              ["add", store, "--key", "1,2,3", "--value", "a"],
              ["add", store, "--key", "1,2,4", "--value", "b"],
              ["add", store, "--key", "0,2,4", "--value", "c"],
+             ["add", store, "--key", "0,1,4", "--value", "d"],  # n C >= 1: warm-up ends
              ["forget", store, "r0"], ["edit", store, "r1", "--key", "0,0,1"],
              ["forget", store, "r2"]):
     try:
@@ -201,9 +202,10 @@ event.register("numba:compile", Record())
 took = prepare_changes(deletions=sys.argv[2] == "all")
 during = list(compiled)
 from svtoolkit.cli import main
-for argv in (["init", sys.argv[1], "--sigma", "1", "--C", "0.3"],
+for argv in (["init", sys.argv[1], "--sigma", "1", "--C", "0.4"],
              ["add", sys.argv[1], "--key", "1,2", "--value", "a"],
-             ["add", sys.argv[1], "--key", "0,2", "--value", "b"]):
+             ["add", sys.argv[1], "--key", "0,2", "--value", "b"],
+             ["add", sys.argv[1], "--key", "0,1", "--value", "c"]):  # n C >= 1: warm-up ends
     main(["memory", *argv])
 admitted = len(compiled)
 main(["memory", "forget", sys.argv[1], "r0"])

@@ -34,12 +34,20 @@ __all__ = ["warm_walk", "CHANGE_PLAN", "DELETION_ONLY", "change_kernels", "compi
 #: 0.7, _finish_own 1.1, _step 2.6, _rho_step 0.6, _start 0.5, correct 1.7,
 #: snap_margin_bounds 0.8, walk 1.4, settle 3.6 (a root's compilation optimises the callees
 #: linked into it again), decision 0.8, fresh_gradients 0.6, _kkt_terms 0.3;
-#: remove_and_settle 1.7 after settle (another run).
+#: remove_and_settle 1.7 after settle (another run). Two kernels the Python layer calls on its
+#: own are in the child's steps: the removal of a slot, which drops the warm-up anchor when the
+#: keys first reach n C >= 1 (an admission; a deletion's root calls it too, so it goes before
+#: that root), and rho's optimal interval with the rounding bound of sum(a) it is given, which
+#: every check of a state out of warm-up reads (without them, the second and third ``memory
+#: add`` of a new store compiled 1-2 s each). A kernel loaded from the cache loads its callees
+#: with it, so one the Python layer also calls directly is named here even when a planned
+#: kernel calls it.
 CHANGE_PLAN = (
     (("insert_slot", "kernel_column", "worst_violator", "_finish_own"), ("_leave",)),
-    (("_step", "_rho_step"), ("correct", "snap_margin_bounds", "_start")),
+    (("_step", "_rho_step"),
+     ("correct", "sum_rounding", "snap_margin_bounds", "_start", "delete_slot")),
     (("walk", "settle", "remove_and_settle"),
-     ("decision", "fresh_gradients", "_kkt_terms", "sign_violation")),
+     ("decision", "fresh_gradients", "_kkt_terms", "sign_violation", "_rho_interval")),
 )
 
 #: The kernels of :data:`CHANGE_PLAN` that only a deletion calls (``IncrementalSVDD.remove``'s
@@ -113,6 +121,9 @@ def change_kernels():
         "kernel_column": (W.kernel_column, "MiiifV"),
         "_kkt_terms": (CS._kkt_terms, "VVsiiff"),
         "sign_violation": (CS.sign_violation, "Vsi"),
+        "_rho_interval": (CS._rho_interval, "VVsifff"),
+        "sum_rounding": (RS.sum_rounding, "Vi"),
+        "delete_slot": (W.delete_slot, "iMIVVsIIMII"),
         "worst_violator": (RS.worst_violator, "VsIMMVIVVB"),
         "_leave": (W._leave, "iiVVsIIMMVI"),
         "_start": (W._start, "iiVVsIIMMVI"),
