@@ -125,10 +125,10 @@ class WalkDriver:
         self._KSt = KSt
 
     def _grow_margin(self, at_least=0):
-        """Margin capacity doubled (the walk's growth, amortised O(1) per join), or raised to
-        ``at_least`` where that is more (a landing sizes it to the margin set it installs: at
-        2,048 margin keys a doubled capacity held a 134 MB inverse buffer and 67 MB of margin
-        rows where 34 MB each are used, and a build paid for touching them)."""
+        """Margin capacity doubled (the walk's growth: one copy of the inverse per doubling), or
+        raised to ``at_least`` where that is more (a landing sizes it to the margin set it
+        installs: at 2,048 margin keys a doubled capacity held a 134 MB inverse buffer and 67 MB
+        of margin rows where 34 MB each are used, and a build paid for touching them)."""
         mcap = self._S.shape[0]
         new = max(2 * mcap, at_least)
         m = self._m

@@ -35,14 +35,13 @@ __all__ = ["warm_walk", "CHANGE_PLAN", "DELETION_ONLY", "change_kernels", "compi
 #: snap_margin_bounds 0.8, walk 1.4, settle 3.6 (a root's compilation optimises the callees
 #: linked into it again), decision 0.8, fresh_gradients 0.6, _kkt_terms 0.3;
 #: remove_and_settle 1.7 after settle (another run). Three small kernels the Python layer calls
-#: on its own are in the plan too, on sides with time to spare: the removal of a slot, which
+#: on its own are in the plan too, on a side with time to spare: the removal of a slot, which
 #: drops the warm-up anchor when the keys first reach n C >= 1 (an admission; a deletion's root
 #: calls it too, so it goes before that root), and rho's optimal interval with the rounding
-#: bound of sum(a) it is given (which the rest state's snap calls too), which every check of a
-#: state out of warm-up reads (without them, the second and third ``memory
-#: add`` of a new store compiled 1-2 s each). A kernel loaded from the cache loads its callees
-#: with it, so one the Python layer also calls directly is named here even when a planned
-#: kernel calls it.
+#: bound of sum(a) it is given (the rest state's snap calls that bound too), which every check
+#: of a state out of warm-up reads (without them, the second and third ``memory add`` of a new
+#: store compiled 1-2 s each). A kernel loaded from the cache brings its callees with it, so a
+#: kernel the Python layer also calls directly is named here even when a planned one calls it.
 CHANGE_PLAN = (
     (("insert_slot", "kernel_column", "worst_violator", "_finish_own", "sum_rounding",
       "delete_slot"), ("_leave",)),
