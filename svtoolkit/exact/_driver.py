@@ -124,11 +124,17 @@ class WalkDriver:
         KSt[:, :n] = self._KSt[:, :n]
         self._KSt = KSt
 
+    def _ensure_margin(self, m):
+        """Margin capacity for a margin set of m keys installed at once (a landing): raised to
+        m + 2 where it is less (the kernels ask for more once m reaches the capacity), not to
+        the next doubling - at 2,048 margin keys a doubled capacity held a 134 MB inverse buffer
+        and 67 MB of margin rows where 34 MB each are used, and a build paid for touching them."""
+        if self._S.shape[0] < m + 2:
+            self._grow_margin(at_least=m + 2)
+
     def _grow_margin(self, at_least=0):
         """Margin capacity doubled (the walk's growth: one copy of the inverse per doubling), or
-        raised to ``at_least`` where that is more (a landing sizes it to the margin set it
-        installs: at 2,048 margin keys a doubled capacity held a 134 MB inverse buffer and 67 MB
-        of margin rows where 34 MB each are used, and a build paid for touching them)."""
+        raised to ``at_least`` where that is more (:meth:`_ensure_margin`)."""
         mcap = self._S.shape[0]
         new = max(2 * mcap, at_least)
         m = self._m

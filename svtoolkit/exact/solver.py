@@ -549,8 +549,7 @@ class IncrementalSVDD(WalkDriver):
         a[ended] = np.where(a[ended] <= 0.0, 0.0, upper[ended])
         order = np.flatnonzero(free & inside)
         m = len(order)
-        if self._S.shape[0] <= m + 1:
-            self._grow_margin(at_least=m + 2)
+        self._ensure_margin(m)
         self._alpha[:n] = a
         self._status[:n] = np.where(a == 0.0, W.RESERVE, W.ERROR)
         self._status[order] = W.MARGIN
@@ -591,8 +590,7 @@ class IncrementalSVDD(WalkDriver):
         """The partition of SMO coefficients (``_landing.snap_partition``), with margin
         capacity for it; returns the margin candidates, most interior first."""
         order = L.snap_partition(a, self._C, self._status)
-        if self._S.shape[0] <= len(order) + 1:
-            self._grow_margin(at_least=len(order) + 2)
+        self._ensure_margin(len(order))
         return order
 
     def _margin_from_rows(self, rows, order, a):
