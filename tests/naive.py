@@ -62,7 +62,9 @@ def enumerate_svdd(K, C, tol=1e-10):
 
     For every assignment of the points to margin (free), error (a = C) and reserve (a = 0):
     solve the bordered system for the margin coefficients and rho (or, with no margin point,
-    take any rho that satisfies the sign conditions), and accept it if every condition holds.
+    take the midpoint of rho's interval, or its finite end), and accept it if every condition
+    holds. A margin coefficient within ``tol`` of a bound rejects its partition: the same point
+    is the partition with that key at the bound, as the solver's canonical rest state reads it.
     Returns (objective, a, rho) of the best accepted partition (they all share the objective).
     """
     n = K.shape[0]
@@ -87,7 +89,10 @@ def enumerate_svdd(K, C, tol=1e-10):
             u = np.linalg.solve(M, rhs)
             rho = u[0]
             a[S] = u[1:]
-            if np.any(a[S] < -tol) or np.any(a[S] > C + tol):
+            # a margin coefficient at a bound (to tol) is the same point as the partition with
+            # that key in the bound's set, which the canonical rest state reports: rho at the
+            # midpoint of its interval, not pinned by the key at the bound
+            if np.any(a[S] < tol) or np.any(a[S] > C - tol):
                 continue
         else:
             if abs(C * len(E) - 1.0) > tol:

@@ -234,6 +234,7 @@ TOL_ENUMERATION = 1e-12
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(n=3, seed=21, sigma=0.5, c_frac=0.0, dups=False)
 @example(n=3, seed=331, sigma=0.5, c_frac=0.0, dups=False)
+@example(n=5, seed=0, sigma=2.5, c_frac=0.05, dups=False)  # 4 keys at C: rho's midpoint
 @given(
     st.integers(2, 6),
     st.integers(0, 10_000),
