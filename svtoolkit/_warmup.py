@@ -22,11 +22,11 @@ __all__ = ["warmup", "kernel_modules", "announce_compilation", "COMPILE_NOTICE"]
 #: The line :func:`announce_compilation` prints. The figure: the first change of a memory store
 #: on an empty cache (walk and settle kernels, :func:`svtoolkit.exact._warmup.prepare_changes`),
 #: wall time on the 2-core machines measured: 10-15 s idle and 13-19 s beside a busy process
-#: (on an Intel Xeon a first `memory add` 10.0-11.8 s idle and 13.0-16.6 s busy, a first
+#: on an Intel Xeon (a first `memory add` 10.0-11.8 s idle and 13.0-16.6 s busy, a first
 #: `forget` 11.7-14.1 s and 15.0-18.6 s, the spread between hours of one day; 27 s there before
-#: the two-process compilation); one CPU alone compiles every kernel in one process, about
-#: 17-21 s idle.
-COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (about 15 s; later runs "
+#: the two-process compilation), 13-35 s on an AMD EPYC (25-33 s idle on its slow day, when
+#: one process compiled every kernel in 42 s against the Intel Xeon's 17-21 s).
+COMPILE_NOTICE = ("svtoolkit: compiling the solver's kernels, once (10-35 s; later runs "
                   "load them from Numba's cache; `svtoolkit warmup` compiles all of them "
                   "ahead of time)...")
 

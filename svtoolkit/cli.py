@@ -233,48 +233,103 @@ def _refuse_signed_without_key(args):
                          "Nothing changed")
 
 
-def _mutate(args, fn):
-    with _locked(args.store):
+def _mutate(args, check, change):
+    """Load the store under its lock, ``check(mem)`` the command's input against it, then
+    ``change(mem, checked)`` and save; returns what ``change`` returns.
+
+    On an empty Numba cache the change's kernels start compiling in a second process before
+    the load, and this process compiles its share only once the input passed its check: a
+    command refused for its input (an unknown record, a key of the wrong dimension, a missing
+    store) says so at once, not after the compilation.
+    """
+    from .exact._warmup import start_change_compilation
+
+    # an admission's kernels only for `add`: a deletion's own kernel compiles at its first call
+    with start_change_compilation(deletions=args.func is not _cmd_add) as compiling, \
+            _locked(args.store):
         _refuse_signed_without_key(args)
         mem = _load(args)
-        out = fn(mem)
+        checked = check(mem)
+        compiling.finish()
+        out = change(mem, checked)
         mem.save(args.store)
     return out
+
+
+def _check_new_record(record_id, value):
+    """Refuse a new record's id (when given) or value as the memory would, before the store is
+    loaded."""
+    from .memory._codec import check_new_record_id, encode_value
+
+    if record_id is not None:
+        check_new_record_id(record_id)
+    encode_value(value)
+
+
+def _held(args, mem):
+    """Refuse an id the store does not hold (the KeyError the change would raise)."""
+    mem.get(args.record_id)
+
+
+def _checked_key(args, mem):
+    """The command's new key (None without --key / --text), refused here when the change
+    would refuse it (its dimension against the store's, finite entries)."""
+    from ._validation import as_key
+
+    key = _key_from(args, mem)
+    return None if key is None else as_key(key, "key", d=mem.n_features)
 
 
 def _cmd_add(args):
     if args.value is None and args.value_json is None:
         raise ValueError("add needs --value or --value-json (--value-json null stores null)")
+    value = _value_from(args)
+    _check_new_record(args.id, value)
 
-    def apply(mem):
-        key = _key_from(args, mem)
+    def check(mem):
+        key = _checked_key(args, mem)
         if key is None:
             raise ValueError("add needs --key or --text")
-        rid, evicted = mem.add_record(key, _value_from(args), record_id=args.id)
+        mem._new_record_id(args.id)  # a held id is refused (the memory's rule; nothing changes)
+        return key
+
+    def change(mem, key):
+        rid, evicted = mem.add_record(key, value, record_id=args.id)
         return {"record_id": rid, "n_records": len(mem), "evicted": list(evicted),
                 "digest": mem.state_digest()}
 
-    _emit(_mutate(args, apply), args.json)
+    _emit(_mutate(args, check, change), args.json)
 
 
 def _cmd_forget(args):
-    receipt = _mutate(args, lambda mem: mem.forget(args.record_id, audit=args.audit,
-                                                   verify=_receipt_verify(args)))
+    receipt = _mutate(args, lambda mem: _held(args, mem),
+                      lambda mem, _: mem.forget(args.record_id, audit=args.audit,
+                                                verify=_receipt_verify(args)))
     _emit(receipt.to_dict(), True)
 
 
 def _cmd_edit(args):
-    def apply(mem):
-        kwargs = {}
-        key = _key_from(args, mem)
+    changes_value = args.value is not None or args.value_json is not None
+    if not changes_value and args.key is None and args.text is None:
+        # the library's words (the memory's own check, made before the store is loaded)
+        raise ValueError("edit needs a new value, a new key, or both")
+    value = _value_from(args) if changes_value else None
+    if changes_value:
+        _check_new_record(None, value)
+
+    def check(mem):
+        _held(args, mem)
+        kwargs = {"value": value} if changes_value else {}
+        key = _checked_key(args, mem)
         if key is not None:
             kwargs["key"] = key
-        if args.value is not None or args.value_json is not None:
-            kwargs["value"] = _value_from(args)
+        return kwargs
+
+    def change(mem, kwargs):
         return mem.edit(args.record_id, audit=args.audit, verify=_receipt_verify(args),
                         **kwargs)
 
-    _emit(_mutate(args, apply).to_dict(), True)
+    _emit(_mutate(args, check, change).to_dict(), True)
 
 
 def _cmd_query(args):
@@ -692,12 +747,6 @@ def main(argv=None):
         from ._warmup import announce_compilation
 
         announce_compilation()
-    if args.func in (_cmd_add, _cmd_forget, _cmd_edit):
-        from .exact._warmup import prepare_changes
-
-        # on an empty cache: a change's kernels, in two processes at once (an admission's
-        # only for `add`: a deletion's own kernel compiles at its first call)
-        prepare_changes(deletions=args.func is not _cmd_add)
     with warnings.catch_warnings(record=True) as caught:
         for category in (BudgetExceededWarning, DurabilityWarning):
             warnings.simplefilter("always", category)

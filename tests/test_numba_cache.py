@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTICE_START = "svtoolkit: compiling the solver's kernels, once"
 
 
-def _python(code, *, env, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def _python(code, *, env, cwd, timeout=300, args=()):
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=timeout, check=True)
 
 
@@ -113,6 +113,39 @@ def test_a_closed_stderr_never_stops_a_compilation(tmp_path):
     out = _python(code, env=_environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache"),
                   cwd=tmp_path)
     assert out.stdout.strip() == "[[1.0]]"
+
+
+# On an empty cache, changes of an empty store (it loads without a kernel) refused for their
+# input: the second process of the plan has started, and is stopped; this one compiles nothing.
+REFUSED_COLD = """
+import sys
+from svtoolkit.cli import main
+store = sys.argv[1]
+main(["memory", "init", store, "--sigma", "1", "--C", "0.3"])
+for argv in (["forget", store, "r9"], ["edit", store, "r9", "--value", "x"],
+             ["add", store + ".missing", "--key", "1,2", "--value", "x"],
+             ["add", store, "--key", "1,2", "--value-json", "[["],
+             ["add", store, "--key", "1,2", "--value", "x", "--id", ""],
+             ["add", store, "--key", "1,inf", "--value", "x"]):
+    print(main(["memory", *argv]))
+main(["memory", "list", store, "--json"])
+"""
+
+
+def test_a_change_refused_for_its_input_says_so_before_any_compilation(tmp_path):
+    """A mistyped id or path fails at once, not after the minute a first change compiles."""
+    from svtoolkit.exact._warmup import _usable_cpus
+
+    env = _environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache")
+    out = _python(REFUSED_COLD, env=env, cwd=tmp_path, args=[str(tmp_path / "s.db")])
+    lines = out.stdout.splitlines()
+    assert lines[1:7] == ["1"] * 6 and json.loads("".join(lines[7:])) == []
+    errors = out.stderr.splitlines()
+    assert len(errors) == 6 and all(line.startswith("error: ") for line in errors), errors
+    assert "unknown record id 'r9'" in errors[0] and "No such file" in errors[2]
+    assert NOTICE_START not in out.stderr
+    if _usable_cpus() >= 2:  # the plan's root kernels, late in its child's work, never began
+        assert not list((tmp_path / "cache").rglob("*walk-*.nbi"))
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Warm-ups of the exact walk's kernels: :func:`warm_walk`, for a long-running process, and
 :func:`prepare_changes`, which compiles the kernels of a change in two processes at once when
-Numba's cache does not hold them.
+Numba's cache does not hold them (:func:`start_change_compilation` starts the second process
+and lets the caller go on meanwhile).
 
 The full warm-up of every layer's kernels is :func:`svtoolkit.warmup` (:mod:`svtoolkit._warmup`,
 on the top floor: it imports the exact path, the memory and the batched path, which this
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["warm_walk", "CHANGE_PLAN", "DELETION_ONLY", "change_kernels", "compile_kernels",
-           "prepare_changes"]
+           "prepare_changes", "start_change_compilation", "ChangeCompilation"]
 
 #: The order in which :func:`prepare_changes` compiles the kernels a change calls: per step,
 #: (compiled here, compiled at the same time in a child process). A kernel compiles the
@@ -152,14 +153,11 @@ def prepare_changes(deletions=True):
     """Compile the kernels of a change ahead of it, in two processes at once, when Numba's
     cache does not hold them and the process may use two CPUs.
 
-    The steps of :data:`CHANGE_PLAN` run in order; in each, one list of kernels compiles here
-    while the other compiles in a child process (a fresh interpreter that imports this same
-    package and writes the same Numba cache), and the next step waits for both. On an empty
+    :func:`start_change_compilation`, then its :meth:`ChangeCompilation.finish`. On an empty
     cache, a first ``svtoolkit memory add`` took 10.0-11.8 s idle on a 2-core Intel Xeon (about
     21 s of compilation in one process) and 13.0-16.6 s beside a busy process (the second core
     is taken; two runs each at two hours of one day). With a warm cache, or one CPU, it does
-    nothing (the kernels load, or compile, as they are first called). A child that fails or
-    stops answering costs only time: what it did not compile compiles here.
+    nothing (the kernels load, or compile, as they are first called).
 
     Parameters
     ----------
@@ -172,30 +170,93 @@ def prepare_changes(deletions=True):
     bool
         Whether a child process compiled.
     """
+    with start_change_compilation(deletions) as compiling:
+        compiling.finish()
+    return compiling.started
+
+
+def start_change_compilation(deletions=True):
+    """Start compiling the kernels of a change in a child process, when Numba's cache does not
+    hold them and the process may use two CPUs; this process goes on meanwhile (the command
+    line loads the store and checks the command's input) and compiles its share at
+    :meth:`ChangeCompilation.finish`.
+
+    Parameters
+    ----------
+    deletions : bool, default True
+        As in :func:`prepare_changes`.
+
+    Returns
+    -------
+    ChangeCompilation
+        A context manager: leaving it stops a child that is still compiling (a command refused
+        before its change compiles nothing more).
+    """
     kernels = change_kernels()
     skip = () if deletions else DELETION_ONLY
     plan = [tuple(tuple(name for name in side if name not in skip) for side in step)
             for step in CHANGE_PLAN]
     needed = [kernels[name][0] for step in plan for side in step for name in side]
     if _usable_cpus() < 2 or all(_cached(d) for d in needed):
-        return False
-    child = _start_compiling([there for _, there in plan])
-    watchdog = threading.Timer(PARALLEL_COMPILE_TIMEOUT, child.kill)
-    watchdog.start()
-    try:
-        for here, there in plan:
+        return ChangeCompilation(plan, None)
+    return ChangeCompilation(plan, _start_compiling([there for _, there in plan]))
+
+
+class ChangeCompilation:
+    """The kernels of a change (:data:`CHANGE_PLAN`), compiling in a child process from
+    :func:`start_change_compilation` on; :meth:`finish` compiles this process's share.
+
+    In each step one side compiles here while the other compiles in the child (a fresh
+    interpreter that imports this same package and writes the same Numba cache), and the next
+    step waits for both. The child does not wait for this process: whatever of a step's
+    callees this process has not compiled yet, it compiles itself. A child that fails or stops
+    answering costs only time: what it did not compile compiles here.
+
+    Attributes
+    ----------
+    started : bool
+        Whether a child process was started (False: the cache held every kernel, or one CPU).
+    """
+
+    def __init__(self, plan, child):
+        self._plan = plan
+        self._child = child
+        self.started = child is not None
+        self._watchdog = None
+        if child is not None:
+            self._watchdog = threading.Timer(PARALLEL_COMPILE_TIMEOUT, child.kill)
+            self._watchdog.daemon = True  # never keeps the interpreter alive
+            self._watchdog.start()
+
+    def finish(self):
+        """Compile this process's share, step by step beside the child, then load the child's
+        (compiled by then); nothing when no child was started. Called once."""
+        if self._child is None:
+            return
+        for here, there in self._plan:
             compile_kernels(here)
             if there:
-                child.stdout.readline()  # the child's step is done (or it died: b"")
-        child.wait()
-    finally:
-        watchdog.cancel()
-        if child.poll() is None:  # this process was interrupted
-            child.kill()
-        child.wait()
-        child.stdout.close()
-    compile_kernels(name for _, there in plan for name in there)  # loaded
-    return True
+                self._child.stdout.readline()  # the child's step is done (or it died: b"")
+        self._child.wait()
+        self.close()
+        compile_kernels(name for _, there in self._plan for name in there)  # loaded
+
+    def close(self):
+        """Stop the child if it is still compiling (an interrupted or refused command)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        child, self._child = self._child, None
+        if child is not None:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            child.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _usable_cpus():
