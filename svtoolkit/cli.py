@@ -233,20 +233,22 @@ def _refuse_signed_without_key(args):
                          "Nothing changed")
 
 
-def _mutate(args, check, change):
+def _mutate(args, check, change, *, walks=True):
     """Load the store under its lock, ``check(mem)`` the command's input against it, then
     ``change(mem, checked)`` and save; returns what ``change`` returns.
 
     On an empty Numba cache the change's kernels start compiling in a second process before
     the load, and this process compiles its share only once the input passed its check: a
     command refused for its input (an unknown record, a key of the wrong dimension, a missing
-    store) says so at once, not after the compilation.
+    store) says so at once, not after the compilation. ``walks=False``: a change that leaves
+    the solver as it is (an edit of a value alone) compiles none of them.
     """
-    from .exact._warmup import start_change_compilation
+    from .exact._warmup import ChangeCompilation, start_change_compilation
 
     # an admission's kernels only for `add`: a deletion's own kernel compiles at its first call
-    with start_change_compilation(deletions=args.func is not _cmd_add) as compiling, \
-            _locked(args.store):
+    compiling = start_change_compilation(deletions=args.func is not _cmd_add) if walks \
+        else ChangeCompilation.nothing()
+    with compiling, _locked(args.store):
         _refuse_signed_without_key(args)
         mem = _load(args)
         checked = check(mem)
@@ -329,7 +331,8 @@ def _cmd_edit(args):
         return mem.edit(args.record_id, audit=args.audit, verify=_receipt_verify(args),
                         **kwargs)
 
-    _emit(_mutate(args, check, change).to_dict(), True)
+    walks = args.key is not None or args.text is not None  # a new value alone: no walk
+    _emit(_mutate(args, check, change, walks=walks).to_dict(), True)
 
 
 def _cmd_query(args):

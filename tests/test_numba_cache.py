@@ -149,6 +149,28 @@ def test_a_change_refused_for_its_input_says_so_before_any_compilation(tmp_path)
 
 
 @pytest.mark.slow
+def test_an_edit_of_a_value_alone_compiles_no_walk(tmp_path):
+    """The solver does not move: on an empty cache only the load's kernels compile."""
+    import numpy as np
+
+    from svtoolkit.memory import ForgettableMemory
+
+    store = tmp_path / "s.db"
+    mem = ForgettableMemory(sigma=1.0, C=0.4)
+    mem.extend(np.random.default_rng(0).standard_normal((5, 2)), list("abcde"))
+    mem.save(store)
+    env = _environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache")
+    cli = "import sys\nfrom svtoolkit.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    out = _python(cli, env=env, cwd=tmp_path, timeout=1200,
+                  args=["memory", "edit", str(store), "r1", "--value", "B"])
+    assert json.loads(out.stdout)["operation"] == "edit"
+    assert ForgettableMemory.load(store).get("r1") == "B"
+    cached = {p.name.split("-")[0] for p in (tmp_path / "cache").rglob("*.nbi")}
+    assert "_walk.kernel_column" in cached  # the load's own kernels did compile
+    assert not cached & {"_walk.walk", "_rest.settle", "_walk._leave", "_walk.insert_slot"}
+
+
+@pytest.mark.slow
 def test_the_first_cli_change_announces_its_compilation_and_the_second_does_not(tmp_path):
     env = _environ(PYTHONPATH=ROOT, NUMBA_CACHE_DIR=tmp_path / "cache")
     cli = "import sys\nfrom svtoolkit.cli import main\nsys.exit(main(sys.argv[1:]))\n"

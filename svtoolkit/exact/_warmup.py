@@ -198,7 +198,7 @@ def start_change_compilation(deletions=True):
             for step in CHANGE_PLAN]
     needed = [kernels[name][0] for step in plan for side in step for name in side]
     if _usable_cpus() < 2 or all(_cached(d) for d in needed):
-        return ChangeCompilation(plan, None)
+        return ChangeCompilation.nothing()
     return ChangeCompilation(plan, _start_compiling([there for _, there in plan]))
 
 
@@ -227,6 +227,11 @@ class ChangeCompilation:
             self._watchdog = threading.Timer(PARALLEL_COMPILE_TIMEOUT, child.kill)
             self._watchdog.daemon = True  # never keeps the interpreter alive
             self._watchdog.start()
+
+    @classmethod
+    def nothing(cls):
+        """A compilation with nothing to do (``finish`` returns at once)."""
+        return cls((), None)
 
     def finish(self):
         """Compile this process's share, step by step beside the child, then load the child's
