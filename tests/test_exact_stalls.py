@@ -380,7 +380,8 @@ def _with_probe_floor(s, floor, seed):
     m = s._m
     noise = np.random.default_rng(seed).standard_normal((m, m))
     s._R[1: m + 1, 1: m + 1] += floor * 1e-2 * (noise + noise.T)
-    return W.inverse_probe_residual(s._R, m, s._S, s._KSt, s._status, s._n, np.zeros(m + 1))
+    w = np.zeros(m + 1)
+    return W.inverse_probe_residual(s._R, m, s._S, s._KSt, s._status, s._n, w, w, w, False)
 
 
 def test_the_probe_threshold_follows_a_well_conditioned_floor_above_the_ceiling():

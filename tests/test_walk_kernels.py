@@ -37,6 +37,20 @@ def test_matvec_sums_each_row_in_increasing_order(m1):
     assert np.isnan(out[m1:]).all()  # nothing written beyond m1
 
 
+@pytest.mark.parametrize("m1", SIZES)
+def test_matvec_pair_has_the_bits_of_two_matvecs(m1):
+    """The probe's pass over R also gives the correction's Newton step: both products summed
+    as :func:`_matvec` sums them (each row in increasing order)."""
+    rng = np.random.default_rng(m1)
+    R = rng.standard_normal((m1 + 3, m1 + 5)) * 10.0 ** rng.integers(-8, 8, (m1 + 3, m1 + 5))
+    v, v2 = rng.standard_normal(m1 + 5), rng.standard_normal(m1 + 5)
+    out, out2 = np.full(m1 + 5, np.nan), np.full(m1 + 5, np.nan)
+    W._matvec_pair(R, m1, v, out, v2, out2)
+    assert np.array_equal(out[:m1], _matvec_ref(R, m1, v, 1.0))
+    assert np.array_equal(out2[:m1], _matvec_ref(R, m1, v2, 1.0))
+    assert np.isnan(out[m1:]).all() and np.isnan(out2[m1:]).all()
+
+
 @pytest.mark.parametrize("count", [0, *SIZES])
 def test_add_rows_adds_each_row_in_increasing_order(count):
     rng = np.random.default_rng(100 + count)
@@ -145,7 +159,13 @@ def test_the_inverse_probe_is_its_definition(m):
                    abs(prod[0] - 2.0 * sum(prod[1:]) - 1.0))
     status = np.full(n, W.RESERVE, dtype=np.int8)
     status[S] = W.MARGIN
-    assert W.inverse_probe_residual(R, m, S, KSt, status, n, np.empty(m + 1)) == expected
+    w = np.empty(m + 1)
+    assert W.inverse_probe_residual(R, m, S, KSt, status, n, w, w, w, False) == expected
+    # with the correction's Newton step from the same pass: du = R r, the bits of _matvec
+    r = np.random.default_rng(m + 100).standard_normal(m + 1)
+    du = np.full(m + 3, np.nan)
+    assert W.inverse_probe_residual(R, m, S, KSt, status, n, w, r, du, True) == expected
+    assert np.array_equal(du[: m + 1], _matvec_ref(R, m + 1, r, 1.0))
 
 
 def test_the_bordered_margin_matrix_is_the_gathered_block():

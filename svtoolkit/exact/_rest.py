@@ -109,7 +109,7 @@ def worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done):
 
 @njit
 def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf, blocked,
-           fs, ist, max_events, max_repairs):
+           fs, ist, max_events, max_repairs, newton):
     """Relax every error/reserve point whose gradient sign is wrong, by its own walk.
 
     Such points are keys that were kept out of S as dependent on it (near duplicates): while
@@ -117,7 +117,8 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
     walk with the point as the moving coefficient (up from R, down from E); it transfers mass
     between the point and the margin set it depends on until a bound is met, and strictly
     lowers the objective. Signs are judged after a Newton correction of the equalities.
-    Resumable like :func:`walk`.
+    Resumable like :func:`walk`. ``newton``: ``beta`` holds the first correction's Newton
+    step for this state (:func:`correct`; never with a walk to resume).
     """
     if ist[_CUR_C] >= 0:
         code = walk(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
@@ -129,7 +130,8 @@ def repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         # judge signs on the corrected state: a walk can leave equality residuals (a point
         # that joined S by a zero-length step keeps its rounding-level gradient)
         code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                       blocked, fs, ist, max_events)
+                       blocked, fs, ist, max_events, newton)
+        newton = False
         if code != DONE:
             return code
         v = worst_violator(grad, status, S, KSt, R, fs, ist, bk, vbuf, done)
@@ -170,13 +172,20 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         if ist[_M] == 0 and ist[_N] > 0:
             recenter_rho(alpha, grad, status, fs, ist[_N])
         return DONE
-    if polish_allowed and (
-        fs[_MIN_PIVOT] < POLISH_PIVOT
-        or inverse_probe_residual(R, ist[_M], S, KSt, status, ist[_N], vbuf) > fs[_PROBE_LIMIT]
-    ):
-        return NEED_POLISH
+    newton = False
+    if polish_allowed:
+        if fs[_MIN_PIVOT] < POLISH_PIVOT:
+            return NEED_POLISH
+        # unless a walk resumes, the repair's first step corrects this very state: its Newton
+        # step R r comes out of the probe's pass over R (r in vbuf, R r in beta)
+        m, n = ist[_M], ist[_N]
+        newton = ist[_CUR_C] < 0 and 0 < m < S.shape[0] \
+            and _equality_residual(alpha, grad, S, n, m, vbuf) > CORRECT_SKIP
+        if inverse_probe_residual(R, m, S, KSt, status, n, bk, vbuf, beta, newton) \
+                > fs[_PROBE_LIMIT]:
+            return NEED_POLISH
     code = repair(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                  blocked, fs, ist, max_events, max_repairs)
+                  blocked, fs, ist, max_events, max_repairs, newton)
     if code != DONE:
         return code
     # the repair ends on a corrected state (its last step is a correction that found no
@@ -189,7 +198,7 @@ def settle(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbu
         if snap_margin_bounds(alpha, grad, status, spos, S, KSt, R, fs, ist) == 0:
             break
         code = correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf,
-                       blocked, fs, ist, max_events)
+                       blocked, fs, ist, max_events, False)
         if code != DONE:
             return code
     if ist[_M] == 0 and ist[_N] > 0:
@@ -221,8 +230,22 @@ def _consistent(alpha, status, fs, ist):
 
 
 @njit
+def _equality_residual(alpha, grad, S, n, m, r):
+    """r[:m + 1] = [1 - sum(a); -g_S] (the sum in slot order); returns max |r|."""
+    total = 0.0
+    for i in range(n):
+        total += alpha[i]
+    r[0] = 1.0 - total
+    worst = abs(r[0])
+    for p in range(m):
+        r[p + 1] = -grad[S[p]]
+        worst = max(worst, abs(r[p + 1]))
+    return worst
+
+
+@njit
 def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, blocked, fs,
-            ist, max_events):
+            ist, max_events, newton):
     """Remove the equality residuals of the partition by a walk along the Newton direction.
 
     Residuals r = [1 - sum(a); -g_S] (the gradients are kept consistent with the
@@ -232,7 +255,8 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
     error/reserve gradient reaching 0 (it joins S) - executes it and starts again from the new
     residual. After rounding-level drift the full step is taken at once (one O(n m) pass);
     after an inexact inverse (ill-conditioned S, see POLISH_PIVOT) the events keep every
-    coefficient in its box where a plain Newton step would throw it out.
+    coefficient in its box where a plain Newton step would throw it out. ``newton``: ``du``
+    holds R r for this state already (:func:`settle`, from the probe's pass over R).
 
     Returns DONE, NEED_MARGIN_CAPACITY or TOO_MANY_EVENTS.
     """
@@ -249,17 +273,12 @@ def correct(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, du, bk, r, b
             return DONE
         if m == S.shape[0]:
             return NEED_MARGIN_CAPACITY
-        total = 0.0
-        for i in range(n):
-            total += alpha[i]
-        r[0] = 1.0 - total
-        worst = abs(r[0])
-        for p in range(m):
-            r[p + 1] = -grad[S[p]]
-            worst = max(worst, abs(r[p + 1]))
-        if worst <= CORRECT_SKIP:
+        if _equality_residual(alpha, grad, S, n, m, r) <= CORRECT_SKIP:
             return DONE
-        _matvec(R, m + 1, r, du, 1.0)
+        if newton:
+            newton = False  # du = R r of this residual already
+        else:
+            _matvec(R, m + 1, r, du, 1.0)
         # gradient rates of the non-margin points along the direction
         for i in range(n):
             gam[i] = du[0]

@@ -237,6 +237,47 @@ def _matvec(R, m1, v, out, scale):
 
 
 @njit
+def _matvec_pair(R, m1, v, out, v2, out2):
+    """out[:m1] = R[:m1, :m1] v and out2[:m1] = R[:m1, :m1] v2 in one pass over R, each with
+    the bits of :func:`_matvec` (each sum in increasing j; four rows side by side)."""
+    i = 0
+    while i + 4 <= m1:
+        r0, r1, r2, r3 = R[i], R[i + 1], R[i + 2], R[i + 3]
+        s0 = s1 = s2 = s3 = 0.0
+        t0 = t1 = t2 = t3 = 0.0
+        for j in range(m1):
+            vj = v[j]
+            s0 += r0[j] * vj
+            s1 += r1[j] * vj
+            s2 += r2[j] * vj
+            s3 += r3[j] * vj
+            wj = v2[j]
+            t0 += r0[j] * wj
+            t1 += r1[j] * wj
+            t2 += r2[j] * wj
+            t3 += r3[j] * wj
+        out[i] = s0
+        out[i + 1] = s1
+        out[i + 2] = s2
+        out[i + 3] = s3
+        out2[i] = t0
+        out2[i + 1] = t1
+        out2[i + 2] = t2
+        out2[i + 3] = t3
+        i += 4
+    while i < m1:
+        row = R[i]
+        s = 0.0
+        t = 0.0
+        for j in range(m1):
+            s += row[j] * v[j]
+            t += row[j] * v2[j]
+        out[i] = s
+        out2[i] = t
+        i += 1
+
+
+@njit
 def _add_rows(target, n, rows, coef, count, scale):
     """target[:n] += scale * coef[p] * rows[p, :n] for p < count, in increasing p for each i.
 
@@ -485,7 +526,7 @@ def refresh_inverse_if_drifted(R, m, S, KSt, status, n, fs):
     apart during warm-up). A factorised inverse solves the border row (the sum) to rounding.
     """
     w = np.empty(m + 1)
-    before = inverse_probe_residual(R, m, S, KSt, status, n, w)
+    before = inverse_probe_residual(R, m, S, KSt, status, n, w, w, w, False)
     if before <= fs[_REFRESH_LIMIT]:
         return
     M = np.zeros((m + 1, m + 1))
@@ -500,7 +541,7 @@ def refresh_inverse_if_drifted(R, m, S, KSt, status, n, fs):
             R[i, j] = fresh[i, j]
     # a refresh that did not improve the probe 4x met the fresh inverse's own floor: the next
     # ones wait for drift above it; one that did goes back to REFRESH_PROBE_TOL
-    floor = inverse_probe_residual(R, m, S, KSt, status, n, w)
+    floor = inverse_probe_residual(R, m, S, KSt, status, n, w, w, w, False)
     fs[_REFRESH_LIMIT] = REFRESH_PROBE_TOL if 4.0 * floor <= before else 4.0 * floor
 
 
@@ -510,7 +551,7 @@ def calibrate_probe(R, m, S, KSt, status, n, w, fs):
     R's own probe (the factorisation's rounding floor), at least PROBE_TOL and, while a margin
     key's Schur complement 1 / |R_kk| is below POLISH_PIVOT, at most PROBE_TOL_MAX; the
     in-walk refresh's back to REFRESH_PROBE_TOL. ``w``: scratch, length >= m + 1."""
-    floor = inverse_probe_residual(R, m, S, KSt, status, n, w)
+    floor = inverse_probe_residual(R, m, S, KSt, status, n, w, w, w, False)
     limit = max(PROBE_TOL, 4.0 * floor)
     for k in range(1, m + 1):
         if abs(R[k, k]) * POLISH_PIVOT > 1.0:
@@ -804,13 +845,19 @@ def _step(Xt, ids, alpha, grad, status, spos, S, KSt, R, kc, gam, beta, bk, vbuf
 
 
 @njit
-def inverse_probe_residual(R, m, S, KSt, status, n, w):
+def inverse_probe_residual(R, m, S, KSt, status, n, w, r, du, newton):
     """max |R_K (M_K v) - v| for v = 1, M_K = [[0, 1^T], [1, 2 K_SS]] the unshifted bordered
     matrix and R_K = T^{-1} R its inverse (module docstring): an O(m^2) check that R is still
     the inverse, on the scale of the unshifted system. (Probing the shifted system directly
     would read its own rounding as drift: on well-separated keys M' 1 has entries ~2m.)
     ``status``: the slots' sets (the margin slots are S's), ``n`` the live slots; ``w`` a
-    scratch vector of length >= m + 1."""
+    scratch vector of length >= m + 1.
+
+    With ``newton`` also du[:m + 1] = R r (the Newton step of ``_rest.correct`` for its
+    residual r), in the same pass over R with the bits of :func:`_matvec`
+    (:func:`_matvec_pair`): on a large margin set each pass reads R from memory (34 MB at
+    m = 2,048), and a rest state probes R and then corrects. ``w`` distinct from ``r`` and
+    ``du``; without ``newton`` they are not touched (any arrays)."""
     if m == 0:
         return 0.0
     # w = M_K 1: w[0] = m, w[p + 1] = 1 + sum_j 2 (K'[j, S[p]] + 1) over the margin slots j.
@@ -854,7 +901,10 @@ def inverse_probe_residual(R, m, S, KSt, status, n, w):
         w[p + 1] = t
         p += 1
     prod = np.empty(m + 1)
-    _matvec(R, m + 1, w, prod, 1.0)
+    if newton:
+        _matvec_pair(R, m + 1, w, prod, r, du)
+    else:
+        _matvec(R, m + 1, w, prod, 1.0)
     worst = 0.0
     border = 0.0
     first = 0.0

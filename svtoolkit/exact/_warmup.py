@@ -131,7 +131,7 @@ def change_kernels():
         "_finish_own": (W._finish_own, "iiVVsIIMMVVfMVI"),
         "_rho_step": (W._rho_step, "MIVVsIIMMVVVIiif"),
         "_step": (W._step, state + "iif"),
-        "correct": (RS.correct, state + "i"),
+        "correct": (RS.correct, state + "ib"),
         "snap_margin_bounds": (RS.snap_margin_bounds, "VVsIIMMVI"),
         "walk": (W.walk, state + "iibi"),
         "settle": (RS.settle, state + "iib"),
