@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from svtoolkit import rbf_kernel
+from svtoolkit.exact import _bulk as B
 from svtoolkit.exact import _factor as F
+from svtoolkit.exact import _landing as L
+from svtoolkit.exact import _walk as W
 
 EPS = 2.0**-52
 
@@ -123,3 +126,43 @@ def test_the_inverse_goes_into_the_leading_block_of_a_larger_buffer(width):
     assert np.shares_memory(block, R) and block.shape == M.shape
     np.testing.assert_array_equal(block, inverse(M))
     assert (R[41:] == 7.0).all() and (R[:, 41:] == 7.0).all()
+
+
+@pytest.mark.parametrize("width", [0.2, 1.0])  # the Cholesky route and LU
+def test_the_cholesky_route_from_the_block_reads_its_lower_triangle_only(width):
+    """``cholesky_bordered_inverse`` from 2 K_SS with NaN above the diagonal: the bits of
+    ``bordered_inverse`` where that takes the route; False and R untouched where it takes LU."""
+    M = gaussian_bordered(40, 2, width)
+    A = M[1:, 1:] + 2.0
+    anorm = float(A.sum(axis=0).max())
+    A[np.triu_indices(40, 1)] = np.nan
+    R = np.full((45, 45), 7.0)
+    if width == 0.2:
+        assert F.cholesky_bordered_inverse(A, anorm, R)
+        np.testing.assert_array_equal(R[:41, :41], inverse(M))
+    else:
+        assert not F.cholesky_bordered_inverse(A, anorm, R)
+        assert (R == 7.0).all()
+
+
+@pytest.mark.parametrize(("width", "m"), [(0.2, 40), (1.0, 25)])  # Cholesky, LU (rcond 3e-8)
+def test_a_landing_factorises_its_margin_set_as_a_polish_does(width, m):
+    """``_landing.factor_margin`` (the bulk build's margin set, from the gathered kernel rows)
+    writes the bits ``bordered_inverse`` gives for the bordered matrix of the same rows, on
+    either route, and installs the margin set."""
+    rng = np.random.default_rng(3)
+    n = 60
+    X = rng.standard_normal((n, 2))
+    dist = np.sqrt(((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+    sigma = width * np.median(dist[np.triu_indices(n, 1)])
+    Kp = B.shifted_gram(np.ascontiguousarray(X.T), n, 1.0 / sigma**2)
+    order = rng.permutation(n)[:m].astype(np.int64)
+    rows = Kp[order]
+    S, spos = np.zeros(m + 2, np.int64), np.full(n, -1, np.int64)
+    status = np.full(n, W.RESERVE, np.int8)
+    KSt, R, ist = np.zeros((m + 2, n)), np.zeros((m + 3, m + 3)), np.zeros(16, np.int64)
+    assert L.factor_margin(rows, order, S, spos, status, KSt, R, ist) == m
+    expected = F.bordered_inverse(B.bordered_margin_matrix(rows, order), np.empty((m + 1, m + 1)))
+    np.testing.assert_array_equal(R[: m + 1, : m + 1], expected)
+    assert np.array_equal(S[:m], order) and np.array_equal(KSt[:m], rows)
+    assert ist[W._M] == m and (status[order] == W.MARGIN).all()

@@ -168,6 +168,22 @@ def test_the_inverse_probe_is_its_definition(m):
     assert np.array_equal(du[: m + 1], _matvec_ref(R, m + 1, r, 1.0))
 
 
+def test_the_margin_block_is_the_lower_triangle_of_twice_the_kernel_block():
+    """``margin_block_lower``: the lower triangle of 2 K_SS with the bits of M' + 2 (what the
+    Cholesky route of a landing reads), and its 1-norm to the rounding of the sums."""
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((40, 3))
+    Kp = B.shifted_gram(np.ascontiguousarray(X.T), 40, 1.0)
+    order = rng.permutation(40)[:25].astype(np.int64)
+    rows = Kp[order]
+    A, anorm = B.margin_block_lower(rows, order)
+    full = B.bordered_margin_matrix(rows, order)[1:, 1:] + 2.0
+    lower = np.tril_indices(25)
+    assert np.array_equal(A[lower], full[lower])
+    # a column sum of 25 terms in [0, 2], in two orders: each within 25 u of the exact sum
+    assert anorm == pytest.approx(full.sum(axis=0).max(), rel=2 * 25 * 2.0**-53)
+
+
 def test_the_bordered_margin_matrix_is_the_gathered_block():
     rng = np.random.default_rng(5)
     rows = rng.standard_normal((9, 30))

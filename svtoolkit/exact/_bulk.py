@@ -55,6 +55,44 @@ def shifted_gram(Xt, n, inv_sigma2):
 
 
 @njit
+def margin_block_lower(rows, order):
+    """The lower triangle of ``A = 2 K_SS`` (= 2 K'_SS + 2, the same bits as ``M'``'s block
+    plus 2) for the margin keys ``order`` (rows[p] = K'[order[p], :]), and ``||A||_1``.
+
+    What the Cholesky route of the inverse reads (``_factor.cholesky_bordered_inverse``): half
+    the gathers of :func:`bordered_margin_matrix` and no second m x m matrix (at 2,048 margin
+    keys the bordered matrix and its shifted copy took about 40 ms of a 0.4 s build).
+
+    Returns
+    -------
+    A : ndarray of shape (m, m)
+        Rows p hold ``A[p, :p + 1]``; the strict upper triangle is left unwritten.
+    anorm : float
+        The largest column sum of the symmetric A (its entries are >= 0): the sum of row p of
+        the lower triangle plus column p of its strict part.
+    """
+    m = order.shape[0]
+    A = np.empty((m, m))
+    row_sums = np.zeros(m)
+    strict_column_sums = np.zeros(m)
+    for p in range(m):
+        row = rows[p]
+        out = A[p]
+        total = 0.0
+        for q in range(p + 1):
+            v = 2.0 * row[order[q]] + 2.0
+            out[q] = v
+            total += v
+        row_sums[p] = total
+        for q in range(p):
+            strict_column_sums[q] += out[q]
+    anorm = 0.0
+    for p in range(m):
+        anorm = max(anorm, row_sums[p] + strict_column_sums[p])
+    return A, anorm
+
+
+@njit
 def bordered_margin_matrix(rows, order):
     """M' = [[0, 1^T], [1, 2 K'_SS]] for the margin keys ``order`` (rows[p] = K'[order[p], :]).
 

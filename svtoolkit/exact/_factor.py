@@ -32,7 +32,7 @@ from scipy.linalg import blas, lapack
 
 from .._jit import njit
 
-__all__ = ["bordered_inverse", "CHOLESKY_MIN_RCOND"]
+__all__ = ["bordered_inverse", "cholesky_bordered_inverse", "CHOLESKY_MIN_RCOND"]
 
 #: The Cholesky route of :func:`bordered_inverse` is taken when LAPACK's estimate of
 #: ``1 / cond_1(2 K_SS)`` is at least this. Measured ``max |R M' - I|`` of both routes on
@@ -70,18 +70,45 @@ def bordered_inverse(M, R):
     m = M.shape[0] - 1
     if m >= 1:
         A = M[1:, 1:] + 2.0  # 2 K_SS; entries >= 0, so its 1-norm is its largest column sum
-        anorm = float(A.sum(axis=0).max())
-        # A is symmetric: its C-order transpose is the Fortran array LAPACK factorises in place
-        factor, info = lapack.dpotrf(A.T, lower=0, clean=0, overwrite_a=1)
-        if info == 0 and lapack.dpocon(factor, anorm)[0] >= CHOLESKY_MIN_RCOND:
-            inverse, info = lapack.dpotri(factor, lower=0, overwrite_c=1)
-            if info == 0:
-                u = blas.dsymv(1.0, inverse, np.ones(m), lower=0)
-                # the upper triangle of the Fortran inverse is the lower one of its transpose
-                _bordered_from_lower(inverse.T, u, float(u.sum()), R)
-                return R[: m + 1, : m + 1]
+        if cholesky_bordered_inverse(A, float(A.sum(axis=0).max()), R):
+            return R[: m + 1, : m + 1]
     R[: m + 1, : m + 1] = np.linalg.inv(M)
     return R[: m + 1, : m + 1]
+
+
+def cholesky_bordered_inverse(A, anorm, R):
+    """The Cholesky route of :func:`bordered_inverse` from ``A = 2 K_SS`` itself.
+
+    Parameters
+    ----------
+    A : ndarray of shape (m, m), C-contiguous, m >= 1
+        Its lower triangle holds ``2 K_SS`` (the strict upper triangle is never read, so a
+        caller may leave it unwritten); overwritten.
+    anorm : float
+        ``||A||_1`` of the symmetric matrix, for the condition estimate.
+    R : ndarray of shape (>= m + 1, >= m + 1), C-contiguous
+        Receives ``M'^{-1}`` in ``R[:m + 1, :m + 1]`` when the route is taken.
+
+    Returns
+    -------
+    bool
+        Whether ``R`` was written: False when ``A`` is not positive definite to working
+        precision or LAPACK's estimate of ``1 / cond_1(A)`` is below
+        :data:`CHOLESKY_MIN_RCOND` (the caller then inverts ``M'`` by LU).
+    """
+    m = A.shape[0]
+    # the lower triangle of a C-order A is the upper one of its transpose, the Fortran array
+    # LAPACK factorises in place (potrf, pocon, potri and symv read that triangle only)
+    factor, info = lapack.dpotrf(A.T, lower=0, clean=0, overwrite_a=1)
+    if info != 0 or lapack.dpocon(factor, anorm)[0] < CHOLESKY_MIN_RCOND:
+        return False
+    inverse, info = lapack.dpotri(factor, lower=0, overwrite_c=1)
+    if info != 0:
+        return False
+    u = blas.dsymv(1.0, inverse, np.ones(m), lower=0)
+    # the upper triangle of the Fortran inverse is the lower one of its transpose
+    _bordered_from_lower(inverse.T, u, float(u.sum()), R)
+    return True
 
 
 @njit

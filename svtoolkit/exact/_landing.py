@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _bulk as B
 from . import _walk as W
-from ._factor import bordered_inverse
+from ._factor import cholesky_bordered_inverse
 
 #: The Gram-free SMO keeps at most this many bytes of kernel columns (an LRU cache; 335
 #: columns at n = 10^5) ...
@@ -134,11 +134,15 @@ def factor_margin(rows, order, S, spos, status, KSt, R, ist):
     (the caller calibrates the inverse probe on it).
     """
     m = len(order)
-    M = B.bordered_margin_matrix(rows, np.ascontiguousarray(order, dtype=np.int64))
-    try:
-        inverse = bordered_inverse(M, R)
-    except np.linalg.LinAlgError:
-        return 0
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    if m >= 1 and cholesky_bordered_inverse(*B.margin_block_lower(rows, order), R):
+        inverse = R[: m + 1, : m + 1]
+    else:  # LU on M', as bordered_inverse falls back to
+        try:
+            R[: m + 1, : m + 1] = np.linalg.inv(B.bordered_margin_matrix(rows, order))
+        except np.linalg.LinAlgError:
+            return 0
+        inverse = R[: m + 1, : m + 1]
     # 1 / |R_kk| < KAPPA_TOL, written without the division (an R_kk of exactly 0 occurs)
     if not np.isfinite(inverse).all() \
             or np.max(np.abs(np.diag(inverse)[1:])) > 1.0 / W.KAPPA_TOL:
