@@ -176,10 +176,12 @@ def test_the_margin_block_is_the_lower_triangle_of_twice_the_kernel_block():
     Kp = B.shifted_gram(np.ascontiguousarray(X.T), 40, 1.0)
     order = rng.permutation(40)[:25].astype(np.int64)
     rows = Kp[order]
-    A, anorm = B.margin_block_lower(rows, order)
+    A = np.full((25, 25), np.nan)
+    anorm = B.margin_block_lower(rows, order, A)
     full = B.bordered_margin_matrix(rows, order)[1:, 1:] + 2.0
     lower = np.tril_indices(25)
     assert np.array_equal(A[lower], full[lower])
+    assert np.isnan(A[np.triu_indices(25, 1)]).all()  # the strict upper triangle not written
     # a column sum of 25 terms in [0, 2], in two orders: each within 25 u of the exact sum
     assert anorm == pytest.approx(full.sum(axis=0).max(), rel=2 * 25 * 2.0**-53)
 

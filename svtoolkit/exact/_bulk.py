@@ -55,7 +55,7 @@ def shifted_gram(Xt, n, inv_sigma2):
 
 
 @njit
-def margin_block_lower(rows, order):
+def margin_block_lower(rows, order, A):
     """The lower triangle of ``A = 2 K_SS`` (= 2 K'_SS + 2, the same bits as ``M'``'s block
     plus 2) for the margin keys ``order`` (rows[p] = K'[order[p], :]), and ``||A||_1``.
 
@@ -63,16 +63,20 @@ def margin_block_lower(rows, order):
     the gathers of :func:`bordered_margin_matrix` and no second m x m matrix (at 2,048 margin
     keys the bordered matrix and its shifted copy took about 40 ms of a 0.4 s build).
 
+    Parameters
+    ----------
+    rows : ndarray of shape (m, n)
+    order : ndarray of shape (m,), int64
+    A : ndarray of shape (m, m), C-contiguous
+        Receives ``A[p, :p + 1]`` in row p; the strict upper triangle is not written.
+
     Returns
     -------
-    A : ndarray of shape (m, m)
-        Rows p hold ``A[p, :p + 1]``; the strict upper triangle is left unwritten.
-    anorm : float
+    float
         The largest column sum of the symmetric A (its entries are >= 0): the sum of row p of
         the lower triangle plus column p of its strict part.
     """
     m = order.shape[0]
-    A = np.empty((m, m))
     row_sums = np.zeros(m)
     strict_column_sums = np.zeros(m)
     for p in range(m):
@@ -89,7 +93,7 @@ def margin_block_lower(rows, order):
     anorm = 0.0
     for p in range(m):
         anorm = max(anorm, row_sums[p] + strict_column_sums[p])
-    return A, anorm
+    return anorm
 
 
 @njit

@@ -125,8 +125,8 @@ def snap_partition(a, C, status):
 def factor_margin(rows, order, S, spos, status, KSt, R, ist):
     """Margin set = ``order`` by one factorisation, when no key in it is dependent.
 
-    ``rows[p]`` is K'[order[p], :n]. Returns len(order), or 0 (only R written, which the
-    growth rewrites from its first key) when some key's Schur complement against the others,
+    ``rows[p]`` is K'[order[p], :n]. Returns len(order), or 0 (only R and KSt written, which
+    the growth rewrites from its first key) when some key's Schur complement against the others,
     1 / |R_kk|, is below KAPPA_TOL - the caller then grows S key by key
     (:func:`grow_margin_from`). That complement is the smallest any order of growth would see
     for k, so passing it means the walk would have admitted every key. A factorised inverse is
@@ -135,7 +135,10 @@ def factor_margin(rows, order, S, spos, status, KSt, R, ist):
     """
     m = len(order)
     order = np.ascontiguousarray(order, dtype=np.int64)
-    if m >= 1 and cholesky_bordered_inverse(*B.margin_block_lower(rows, order), R):
+    # the Cholesky route factorises 2 K_SS in the margin rows' buffer (C-contiguous, at least
+    # m n >= m^2 entries; the rows go in only after the inverse): no m x m array of its own
+    A = KSt.reshape(-1)[: m * m].reshape(m, m)
+    if m >= 1 and cholesky_bordered_inverse(A, B.margin_block_lower(rows, order, A), R):
         inverse = R[: m + 1, : m + 1]
     else:  # LU on M', as bordered_inverse falls back to
         try:
