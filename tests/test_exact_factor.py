@@ -158,11 +158,15 @@ def test_a_landing_factorises_its_margin_set_as_a_polish_does(width, m):
     Kp = B.shifted_gram(np.ascontiguousarray(X.T), n, 1.0 / sigma**2)
     order = rng.permutation(n)[:m].astype(np.int64)
     rows = Kp[order]
+    # the route taken, by a margin of 10 either way from LAPACK's estimate of 1 / cond_1
+    rcond = 1.0 / np.linalg.cond(B.bordered_margin_matrix(rows, order)[1:, 1:] + 2.0, 1)
+    assert rcond > 10 * F.CHOLESKY_MIN_RCOND if width == 0.2 else rcond < F.CHOLESKY_MIN_RCOND / 10
     S, spos = np.zeros(m + 2, np.int64), np.full(n, -1, np.int64)
     status = np.full(n, W.RESERVE, np.int8)
     KSt, R, ist = np.zeros((m + 2, n)), np.zeros((m + 3, m + 3)), np.zeros(16, np.int64)
     assert L.factor_margin(rows, order, S, spos, status, KSt, R, ist) == m
-    expected = F.bordered_inverse(B.bordered_margin_matrix(rows, order), np.empty((m + 1, m + 1)))
+    M = B.bordered_margin_matrix(rows, order)
+    expected = F.bordered_inverse(M, np.empty((m + 1, m + 1)))
     np.testing.assert_array_equal(R[: m + 1, : m + 1], expected)
     assert np.array_equal(S[:m], order) and np.array_equal(KSt[:m], rows)
     assert ist[W._M] == m and (status[order] == W.MARGIN).all()
