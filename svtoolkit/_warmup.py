@@ -122,6 +122,7 @@ def _warm_gram_free_bulk(rng):
 def _warm_solver_rare_paths(solver):
     # kernels the solver calls only on paths tiny inputs do not take (the matrix-product
     # gradients of large wide problems, the audit of the margin rows), with the same types
+    from .exact import _bulk as B
     from .exact import _consistency as CS
     from .exact import _walk as W
     from .exact._factor import bordered_inverse
@@ -143,6 +144,8 @@ def _warm_solver_rare_paths(solver):
     W._grow(R, 1, bk, W._schur(1, S, KSt, R, 1, bk, vbuf))
     # a fresh inverse by its Cholesky route (distant keys: K_SS = I, well conditioned)
     bordered_inverse(CS.bordered_matrix(S, np.full((2, 2), -1.0) + np.eye(2), 2), R)
+    # a landing's bordered matrix, which it gathers only where the Cholesky route is refused
+    B.bordered_margin_matrix(KSt, S)
 
 
 def _warm_memory():
