@@ -195,32 +195,3 @@ def test_the_bordered_margin_matrix_is_the_gathered_block():
     expected[0, 1:] = expected[1:, 0] = 1.0
     expected[1:, 1:] = 2.0 * rows[:, order]
     assert np.array_equal(M, expected)
-
-
-def test_a_key_joining_the_margin_brings_its_gradient_fresh_from_its_kernel_column():
-    """``_join``: the joining key's gradient is ``2 sum_i K'_ki a_i + rho'`` over its stored
-    column (slot order, keys with a != 0), not the value it followed off the margin, whose
-    rounding no check reads while its sign is right: a drift planted in it does not enter S."""
-    from svtoolkit import IncrementalSVDD
-    from svtoolkit.exact import _consistency as CS
-
-    rng = np.random.default_rng(7)
-    s = IncrementalSVDD(1.0 / (0.3 * 60), 1.5)
-    s.extend(rng.standard_normal((60, 3)))
-    n, m = s._n, s._m
-    k = int(np.flatnonzero(s._status[:n] == W.ERROR)[0])
-    assert m + 2 <= s._S.shape[0]
-    fresh = CS.fresh_gradients(s._Xt, s._alpha, n, s._anchor, s._d, s._fs[W._INV_SIGMA2],
-                               s._fs[W._RHO])[k]
-    s._grad[k] = fresh + 1e-9  # drift planted off the margin
-    kappa = W._schur(m, s._S, s._KSt, s._R, k, s._bk, s._vbuf)
-    W._join(k, s._Xt, s._alpha, s._grad, s._status, s._spos, s._S, s._KSt, s._R, s._kc, -1,
-            s._bk, kappa, s._fs, s._ist)
-    column = s._KSt[m]
-    total = 0.0
-    for i in range(n):
-        if s._alpha[i] != 0.0:
-            total += float(column[i]) * float(s._alpha[i])
-    assert s._grad[k] == 2.0 * total + s._fs[W._RHO]
-    # a sum of n terms of size <= C beside rho' ~ 1: within 4 n u of the fresh evaluation
-    assert abs(s._grad[k] - fresh) <= 4 * n * 2.0**-53

@@ -442,12 +442,8 @@ def _shrink(R, m, q):
 def _join(k, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist):
     """Slot k enters the margin set (bordered inverse grows; its kernel column is stored).
 
-    k's gradient is evaluated afresh from that column, ``g_k = 2 sum_i K'_ki a_i + rho'`` (one
-    O(n) pass beside the column's O(n d)), and its residual is removed with every other one
-    by ``_rest.correct`` at rest. Off the margin a key's maintained gradient carries the
-    rounding of every step it followed, which no check reads while it has the right sign: a
-    walk through an ill-conditioned margin set left 1e-12 in the gradient of an error key
-    (twelve ring points held many times, a wide kernel), a KKT residual once that key joined.
+    k's gradient keeps its value (zero up to rounding of the step that brought it here); the
+    residual is removed with every other one by ``_rest.correct`` at rest.
     """
     n = ist[_N]
     m = ist[_M]
@@ -459,24 +455,12 @@ def _join(k, Xt, alpha, grad, status, spos, S, KSt, R, kc, c, bk, kappa, fs, ist
             KSt[m, i] = kc[i]
     else:
         kernel_column(Xt, n, k, ist[_ANCHOR], fs[_INV_SIGMA2], KSt[m])
-    grad[k] = _fresh_gradient(KSt[m], alpha, n, fs[_RHO])
     S[m] = k
     spos[k] = m
     status[k] = MARGIN
     ist[_M] = m + 1
     ist[_SETTLED] = -1
     ist[_LAST_JOINED] = k
-
-
-@njit
-def _fresh_gradient(column, alpha, n, rho):
-    """``2 sum_i column[i] a_i + rho'`` over the slots with a != 0: the gradient of the key
-    whose shifted kernel column (anchor rules applied) is ``column``."""
-    total = 0.0
-    for i in range(n):
-        if alpha[i] != 0.0:
-            total += column[i] * alpha[i]
-    return 2.0 * total + rho
 
 
 @njit
