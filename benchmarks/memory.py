@@ -45,8 +45,8 @@ keys, warm); save and load of a 10,000-record memory in under a second.
    that calls the solver's smallest kernel from Numba's cache (:data:`FLOOR_COMMAND`: the
    floor of every command that runs a compiled kernel, which a change and a load do), and
    of the same two commands through a server holding the store (``--server URL``; the
-   server's own start-up, one load, is not counted). Goals: build <= 60 s, forget <= 0.1 s, no operation
-   > 1 s, value edit <= 1 ms, a command <= 1 s.
+   server's own start-up, one load, is not counted). Goals: build <= 60 s, forget <= 0.1 s,
+   no operation > 1 s, value edit <= 1 ms, a command <= 1 s.
 
 4. **Query** (``--only-query``, writes ``memory_query.json``): ``ForgettableMemory.query``
    against two scans that give the same answer from the same held keys, timed interleaved

@@ -232,8 +232,8 @@ TOL_ENUMERATION = 1e-12
 #: Where C is above 1/n by less than about n TOL_ENUMERATION, every feasible coefficient lies
 #: within TOL_ENUMERATION of a bound and the enumeration rejects every partition (n = 2, C = 1/2
 #: + 6.8e-13: both keys at 1/2, within 6.8e-13 of C, while both at C sum to 1 + 1.4e-12), so C
-#: keeps at least this far from 1/n when it is not 1/n itself. Deletions and builds at n C within
-#: a few ulps of 1 are checked against their own single feasible point in test_exact_vertex.py.
+#: keeps at least this far from 1/n when it is not 1/n itself. That pair, and deletions at n C
+#: within a few ulps of 1, are checked on their own in test_exact_vertex.py.
 MIN_C_FRAC = 1e-9
 
 
